@@ -9,9 +9,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	hpeer "github.com/holopeer/holopeer/peer"
 )
 
 // Stdout and Stderr are package variables so tests can capture output.
@@ -45,12 +48,13 @@ var subcommands []func() *cobra.Command
 func register(mk func() *cobra.Command) { subcommands = append(subcommands, mk) }
 
 func main() {
+	hpeer.Version = version
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
 		// One clear line, no stack trace: the error text says what is wrong
 		// and, where there is one, what to do.
-		fmt.Fprintln(Stderr, "holopeer:", err)
+		fmt.Fprintln(Stderr, "holopeer:", oneLine(err.Error()))
 		var ec exitCoder
 		if errors.As(err, &ec) {
 			os.Exit(ec.ExitCode())
@@ -61,3 +65,9 @@ func main() {
 
 // exitCoder lets a command choose its exit status.
 type exitCoder interface{ ExitCode() int }
+
+// oneLine folds a multi-line error (libp2p lists every failed dial on its
+// own line) into one line for the terminal.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

@@ -1,0 +1,524 @@
+package peer
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/event"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	lpeer "github.com/libp2p/go-libp2p/core/peer"
+	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// DHTPrefix is the protocol prefix of holopeer's private DHT
+// (/holopeer/kad/1.0.0). It keeps holopeer nodes out of the public IPFS DHT
+// and the public DHT out of ours.
+const DHTPrefix = "/holopeer"
+
+// Version is reported in capability records; cmd/holopeer sets it.
+var Version = "dev"
+
+// ErrBootstrapUnreachable is returned by New when bootstrap peers were
+// given and none could be reached.
+var ErrBootstrapUnreachable = errors.New("no bootstrap peer could be reached")
+
+// ConnType says how a peer is connected: directly (including a
+// hole-punched path) or only through a relay.
+type ConnType string
+
+const (
+	ConnDirect  ConnType = "direct"
+	ConnRelayed ConnType = "relayed"
+)
+
+// Member is a connected peer holding a valid capability record for our
+// swarm.
+type Member struct {
+	ID         lpeer.ID
+	Addrs      []ma.Multiaddr
+	Conn       ConnType
+	Capability Capability
+	Sealed     []byte // the signed record, to hand on
+	LastSeen   time.Time
+}
+
+// Host is a running holopeer node's network presence. Its methods are safe
+// for concurrent use.
+type Host struct {
+	// Static after New.
+	cfg      config
+	log      *slog.Logger
+	h        host.Host
+	kad      *dht.IpfsDHT
+	disc     *drouting.RoutingDiscovery
+	lock     *dirLock
+	instance instanceInfo
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	sub      event.Subscription
+
+	// mu guards all following fields.
+	mu      sync.Mutex
+	members map[lpeer.ID]*Member
+	fetches map[lpeer.ID]bool // capability fetches in flight
+	reach   network.Reachability
+	offer   Offer
+	seq     uint64
+	sealed  []byte
+	capab   Capability
+	closed  bool
+}
+
+// New starts a node: it opens the identity, listens, joins the swarm's
+// private DHT through the bootstrap peers, refuses to run beside a clone
+// of itself, and starts rendezvous. Close stops it.
+func New(ctx context.Context, opts ...Option) (_ *Host, err error) {
+	cfg := config{set: map[string]bool{}}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	n := &Host{cfg: cfg, log: cfg.log.With("component", "peer"), members: map[lpeer.ID]*Member{}, fetches: map[lpeer.ID]bool{}, offer: *cfg.offer}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	if cfg.dataDir != "" {
+		if n.lock, err = lockDataDir(cfg.dataDir); err != nil {
+			return nil, err
+		}
+		if n.cfg.key == nil {
+			if n.cfg.key, err = LoadOrCreateIdentity(cfg.dataDir); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if _, err := rand.Read(n.instance.ID[:]); err != nil {
+		return nil, err
+	}
+	n.instance.Started = time.Now()
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+
+	if err := checkPortsFree(cfg.listen); err != nil {
+		return nil, err
+	}
+	if n.h, err = newLibp2pHost(n.cfg); err != nil {
+		return nil, err
+	}
+	n.h.SetStreamHandler(CapabilityProtocol, n.serveCapability)
+	n.h.SetStreamHandler(instanceProtocol, n.serveInstance)
+	n.h.SetStreamHandler(cloneCheckProtocol, n.serveCloneCheck)
+
+	mode := dht.ModeAutoServer
+	switch *cfg.dhtMode {
+	case DHTServer:
+		mode = dht.ModeServer
+	case DHTClient:
+		mode = dht.ModeClient
+	}
+	n.kad, err = dht.New(n.h,
+		dht.ProtocolPrefix(DHTPrefix),
+		dht.Mode(mode),
+		dht.DisableValues(), // the swarm shares provider records only; no unauthenticated values
+		dht.BootstrapPeers(cfg.bootstrap...),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("dht: %w", err)
+	}
+	n.disc = drouting.NewRoutingDiscovery(n.kad)
+	n.reseal()
+
+	n.sub, err = n.h.EventBus().Subscribe([]any{
+		new(event.EvtPeerIdentificationCompleted),
+		new(event.EvtPeerConnectednessChanged),
+		new(event.EvtLocalReachabilityChanged),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("event bus: %w", err)
+	}
+	n.wg.Add(1)
+	go n.watchEvents()
+
+	if err := n.joinBootstrap(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.checkClones(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.kad.Bootstrap(n.ctx); err != nil {
+		return nil, fmt.Errorf("dht bootstrap: %w", err)
+	}
+	n.wg.Add(1)
+	go n.rendezvousLoop()
+	n.log.Info("node started", "peer", n.h.ID(), "swarm", cfg.swarm, "addrs", n.Addrs())
+	return n, nil
+}
+
+func newLibp2pHost(cfg config) (host.Host, error) {
+	cm, err := connmgr.NewConnManager(cfg.connLow, cfg.connHigh, connmgr.WithGracePeriod(time.Minute))
+	if err != nil {
+		return nil, fmt.Errorf("connection manager: %w", err)
+	}
+	limits := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&limits)
+	// Explicit caps on top of the memory-scaled defaults: a node lends
+	// spare capacity and must not let the network take all of it.
+	caps := rcmgr.PartialLimitConfig{
+		System: rcmgr.ResourceLimits{
+			Conns:         rcmgr.LimitVal(cfg.maxConns),
+			ConnsInbound:  rcmgr.LimitVal(cfg.maxConns / 2),
+			ConnsOutbound: rcmgr.LimitVal(cfg.maxConns),
+			Streams:       rcmgr.LimitVal(16 * cfg.maxConns),
+		},
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(caps.Build(limits.AutoScale())))
+	if err != nil {
+		return nil, fmt.Errorf("resource manager: %w", err)
+	}
+	opts := []libp2p.Option{
+		libp2p.Identity(cfg.key),
+		libp2p.ListenAddrs(cfg.listen...),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Transport(quic.NewTransport),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.ConnectionManager(cm),
+		libp2p.ResourceManager(rm),
+		libp2p.UserAgent("holopeer/" + Version),
+		libp2p.DisableMetrics(), // the node exports its own metrics; many hosts may share a process in tests
+	}
+	opts = append(opts, cfg.extra...)
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		return nil, listenError(err)
+	}
+	return h, nil
+}
+
+// joinBootstrap connects to the bootstrap peers in parallel. It fails only
+// when peers were given and none answered.
+func (n *Host) joinBootstrap(ctx context.Context) error {
+	boot := n.cfg.bootstrap
+	if len(boot) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.bootTO)
+	defer cancel()
+	errs := make([]error, len(boot))
+	var wg sync.WaitGroup
+	for i, ai := range boot {
+		if ai.ID == n.h.ID() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.h.Connect(ctx, ai); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", ai.ID, err)
+				n.log.Warn("bootstrap peer unreachable", "peer", ai.ID, "addrs", ai.Addrs, "err", err)
+				return
+			}
+			n.h.ConnManager().Protect(ai.ID, "bootstrap")
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w (tried %d; first: %v); check the --bootstrap address and that that node is running", ErrBootstrapUnreachable, len(boot), errs[0])
+}
+
+// ID is the node's peer ID.
+func (n *Host) ID() lpeer.ID { return n.h.ID() }
+
+// Libp2p exposes the underlying host for protocols built on top (gossip,
+// the stage wire).
+func (n *Host) Libp2p() host.Host { return n.h }
+
+// DHT exposes the swarm's private DHT.
+func (n *Host) DHT() *dht.IpfsDHT { return n.kad }
+
+// Swarm is the swarm name.
+func (n *Host) Swarm() string { return n.cfg.swarm }
+
+// PrivateKey is the identity key (for signing records and the stage
+// handshake).
+func (n *Host) PrivateKey() crypto.PrivKey { return n.cfg.key }
+
+// Addrs returns the node's dialable addresses with its /p2p/ID suffix.
+func (n *Host) Addrs() []ma.Multiaddr {
+	p2p, _ := ma.NewComponent("p2p", n.h.ID().String())
+	var out []ma.Multiaddr
+	for _, a := range n.h.Addrs() {
+		out = append(out, a.Encapsulate(p2p.Multiaddr()))
+	}
+	return out
+}
+
+// Reachability is what the node has learned about being dialable from
+// outside: public, private or unknown.
+func (n *Host) Reachability() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return reachString(n.reach)
+}
+
+func reachString(r network.Reachability) string {
+	switch r {
+	case network.ReachabilityPublic:
+		return "public"
+	case network.ReachabilityPrivate:
+		return "private"
+	}
+	return "unknown"
+}
+
+// ConnTypeTo says how we are connected to p now ("" when not connected).
+func (n *Host) ConnTypeTo(p lpeer.ID) ConnType {
+	conns := n.h.Network().ConnsToPeer(p)
+	if len(conns) == 0 {
+		return ""
+	}
+	for _, c := range conns {
+		if !c.Stat().Limited && !isRelayAddr(c.RemoteMultiaddr()) {
+			return ConnDirect
+		}
+	}
+	return ConnRelayed
+}
+
+func isRelayAddr(a ma.Multiaddr) bool {
+	_, err := a.ValueForProtocol(ma.P_CIRCUIT)
+	return err == nil
+}
+
+// Members returns the connected members of the swarm, sorted by peer ID.
+func (n *Host) Members() []Member {
+	n.mu.Lock()
+	ids := make([]lpeer.ID, 0, len(n.members))
+	for id := range n.members {
+		ids = append(ids, id)
+	}
+	n.mu.Unlock()
+	var out []Member
+	for _, id := range ids {
+		ct := n.ConnTypeTo(id)
+		if ct == "" {
+			continue
+		}
+		n.mu.Lock()
+		m, ok := n.members[id]
+		var cp Member
+		if ok {
+			cp = *m
+		}
+		n.mu.Unlock()
+		if !ok {
+			continue
+		}
+		cp.Conn = ct
+		cp.Addrs = n.h.Peerstore().Addrs(id)
+		out = append(out, cp)
+	}
+	slices.SortFunc(out, func(a, b Member) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Capability returns the node's own current capability record.
+func (n *Host) Capability() (Capability, []byte) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.capab, n.sealed
+}
+
+// SetOffer replaces what the node lends and re-signs its record.
+func (n *Host) SetOffer(o Offer) {
+	n.mu.Lock()
+	n.offer = o
+	n.mu.Unlock()
+	n.reseal()
+}
+
+// AddMember records a capability learned elsewhere (for example from
+// gossip presence). The record must verify and be for our swarm.
+func (n *Host) AddMember(sealed []byte) error {
+	c, err := OpenCapability(sealed)
+	if err != nil {
+		return err
+	}
+	return n.storeMember(c, sealed)
+}
+
+func (n *Host) storeMember(c Capability, sealed []byte) error {
+	if c.Swarm != n.cfg.swarm {
+		return fmt.Errorf("capability of %s is for swarm %q, not %q", c.PeerID, c.Swarm, n.cfg.swarm)
+	}
+	id, err := lpeer.Decode(c.PeerID)
+	if err != nil {
+		return fmt.Errorf("capability peer id: %w", err)
+	}
+	if id == n.h.ID() {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if old, ok := n.members[id]; ok && old.Capability.Seq > c.Seq {
+		return nil // an older record arrived late
+	}
+	n.members[id] = &Member{ID: id, Capability: c, Sealed: sealed, LastSeen: time.Now()}
+	return nil
+}
+
+// reseal signs a fresh capability record from the current offer and
+// reachability.
+func (n *Host) reseal() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	// Seq must grow across restarts too, so it follows the clock and never
+	// goes backwards within a process.
+	seq := uint64(time.Now().UnixNano())
+	if seq <= n.seq {
+		seq = n.seq + 1
+	}
+	n.seq = seq
+	o := n.offer
+	c := Capability{
+		PeerID:       n.h.ID().String(),
+		Swarm:        n.cfg.swarm,
+		Seq:          seq,
+		IssuedAt:     time.Now().UTC(),
+		Version:      Version,
+		Platform:     runtime.GOOS + "/" + runtime.GOARCH,
+		Backend:      o.Backend,
+		CPUs:         o.CPUs,
+		MemoryBytes:  o.MemoryBytes,
+		GFLOPS:       o.GFLOPS,
+		Hours:        o.Hours,
+		TEE:          o.TEE,
+		CanAttest:    o.CanAttest,
+		Reachability: reachString(n.reach),
+		Relayed:      n.reach == network.ReachabilityPrivate && n.onlyRelayAddrs(),
+		APIAddr:      o.APIAddr,
+	}
+	if c.Backend == "" {
+		c.Backend = "cpu"
+	}
+	sealed, err := SealCapability(c, n.cfg.key)
+	if err != nil {
+		n.log.Error("cannot sign capability record", "err", err)
+		return
+	}
+	n.capab, n.sealed = c, sealed
+}
+
+// onlyRelayAddrs reports whether every advertised address is a relay
+// circuit, i.e. nobody can dial the node directly.
+func (n *Host) onlyRelayAddrs() bool {
+	addrs := n.h.Addrs()
+	if len(addrs) == 0 {
+		return false
+	}
+	for _, a := range addrs {
+		if !isRelayAddr(a) && isPublicAddr(a) {
+			return false
+		}
+	}
+	return slices.ContainsFunc(addrs, isRelayAddr)
+}
+
+func (n *Host) watchEvents() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case e, ok := <-n.sub.Out():
+			if !ok {
+				return
+			}
+			switch ev := e.(type) {
+			case event.EvtPeerIdentificationCompleted:
+				if slices.Contains(ev.Protocols, CapabilityProtocol) {
+					n.fetchCapabilityAsync(ev.Peer)
+				}
+			case event.EvtPeerConnectednessChanged:
+				if ev.Connectedness == network.NotConnected {
+					n.log.Debug("peer disconnected", "peer", ev.Peer)
+				}
+			case event.EvtLocalReachabilityChanged:
+				n.mu.Lock()
+				n.reach = ev.Reachability
+				n.mu.Unlock()
+				n.log.Info("reachability changed", "reachability", reachString(ev.Reachability))
+				n.reseal()
+			}
+		}
+	}
+}
+
+// Close stops rendezvous, leaves the network and releases the data dir.
+// It is safe to call more than once.
+func (n *Host) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	if n.cancel != nil {
+		n.cancel()
+	}
+	if n.sub != nil {
+		n.sub.Close()
+	}
+	var errs []error
+	if n.kad != nil {
+		errs = append(errs, n.kad.Close())
+	}
+	if n.h != nil {
+		errs = append(errs, n.h.Close())
+	}
+	n.wg.Wait()
+	n.lock.release()
+	return errors.Join(errs...)
+}

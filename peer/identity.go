@@ -1,0 +1,140 @@
+package peer
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"golang.org/x/sys/unix"
+)
+
+// IdentityFile is the name of the identity key inside a data directory.
+const IdentityFile = "identity.key"
+
+const lockFile = "node.lock"
+
+// ErrInsecureKey is returned when an identity key can be read by group or
+// others: a leaked key lets anyone impersonate the node.
+var ErrInsecureKey = errors.New("identity key is readable by other users")
+
+// ErrNoIdentity is returned by LoadIdentity when the data dir has no key.
+var ErrNoIdentity = errors.New("no identity key")
+
+// ErrDataDirLocked is returned when another live process holds the data dir.
+var ErrDataDirLocked = errors.New("data dir is in use by another holopeer process")
+
+// LoadIdentity reads the Ed25519 identity key in dir. It refuses a key
+// file that group or others may read.
+func LoadIdentity(dir string) (crypto.PrivKey, error) {
+	path := filepath.Join(dir, IdentityFile)
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w in %s (create one with `holopeer keygen --data-dir %s`)", ErrNoIdentity, dir, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %04o; run `chmod 600 %s`", ErrInsecureKey, path, perm, path)
+	}
+	if fi.Size() > 4096 {
+		return nil, fmt.Errorf("identity: %s is %d bytes, not a key", path, fi.Size())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	key, err := crypto.UnmarshalPrivateKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("identity: %s is not a libp2p private key: %w", path, err)
+	}
+	if key.Type() != crypto.Ed25519 {
+		return nil, fmt.Errorf("identity: %s holds a %s key, want Ed25519", path, key.Type())
+	}
+	return key, nil
+}
+
+// CreateIdentity writes a new Ed25519 identity key into dir (mode 0600,
+// directory 0700). It refuses to overwrite an existing key.
+func CreateIdentity(dir string) (crypto.PrivKey, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("identity: create data dir: %w", err)
+	}
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("identity: generate: %w", err)
+	}
+	b, err := crypto.MarshalPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("identity: marshal: %w", err)
+	}
+	path := filepath.Join(dir, IdentityFile)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("identity: %s already exists; refusing to overwrite it", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("identity: write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("identity: write %s: %w", path, err)
+	}
+	return key, nil
+}
+
+// LoadOrCreateIdentity loads the key in dir, creating one on first use.
+func LoadOrCreateIdentity(dir string) (crypto.PrivKey, error) {
+	key, err := LoadIdentity(dir)
+	if errors.Is(err, ErrNoIdentity) {
+		return CreateIdentity(dir)
+	}
+	return key, err
+}
+
+// dirLock is an exclusive advisory lock on a data dir, released when the
+// process exits even if it crashes (flock is tied to the open file).
+type dirLock struct{ f *os.File }
+
+// lockDataDir takes the data dir's lock or reports who holds it.
+func lockDataDir(dir string) (*dirLock, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	path := filepath.Join(dir, lockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data dir lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b := make([]byte, 32)
+		n, _ := f.Read(b)
+		f.Close()
+		holder := strings.TrimSpace(string(b[:n]))
+		if _, perr := strconv.Atoi(holder); perr != nil {
+			holder = "unknown"
+		}
+		return nil, fmt.Errorf("%w: %s is locked by pid %s; stop that node or use another --data-dir", ErrDataDirLocked, dir, holder)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return &dirLock{f: f}, nil
+}
+
+func (l *dirLock) release() {
+	if l == nil || l.f == nil {
+		return
+	}
+	_ = unix.Flock(int(l.f.Fd()), unix.LOCK_UN)
+	_ = l.f.Close()
+	l.f = nil
+}

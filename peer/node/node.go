@@ -1,0 +1,190 @@
+// Package node assembles a running holopeer daemon from its parts: the
+// network presence (peer.Host), the control API, and the services that
+// later issues add (gossip and election, stage work, the dashboard). It is
+// what `holopeer up` runs and what in-process swarm tests start.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+
+	lpeer "github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+
+	hpeer "github.com/holopeer/holopeer/peer"
+	"github.com/holopeer/holopeer/peer/api"
+)
+
+// Config describes one node. Zero values take the documented defaults.
+type Config struct {
+	DataDir   string           // identity and lock; required
+	Swarm     string           // swarm name; required
+	Listen    []ma.Multiaddr   // default TCP and QUIC on ephemeral ports
+	Bootstrap []lpeer.AddrInfo // peers to join through; none for the first node
+	API       string           // control API address; default api.DefaultAddr, "" keeps default, "off" disables
+	Offer     hpeer.Offer      // what the node lends
+	Logger    *slog.Logger     // default slog.Default()
+	PeerOpts  []hpeer.Option   // extra options for the host (NAT traversal, tests)
+	Clock     func() time.Time // default time.Now
+}
+
+func (c *Config) validate() error {
+	if c.DataDir == "" {
+		return errors.New("node: a data dir is required (--data-dir)")
+	}
+	if err := hpeer.ValidateSwarmName(c.Swarm); err != nil {
+		return err
+	}
+	if c.API == "" {
+		c.API = api.DefaultAddr
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Offer.Backend == "" {
+		c.Offer.Backend = "cpu"
+	}
+	if c.Offer.CPUs == 0 {
+		c.Offer.CPUs = runtime.GOMAXPROCS(0)
+	}
+	if c.Offer.TEE == "" {
+		c.Offer.TEE = "none"
+	}
+	if c.Offer.Hours == "" {
+		c.Offer.Hours = "always"
+	}
+	return nil
+}
+
+// Node is a running daemon.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	host *hpeer.Host
+	api  *api.Server
+
+	mu       sync.Mutex
+	warnings []string
+	closed   bool
+}
+
+// Start brings a node up. On error everything already started is stopped.
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	opts := []hpeer.Option{
+		hpeer.WithDataDir(cfg.DataDir),
+		hpeer.WithSwarm(cfg.Swarm),
+		hpeer.WithBootstrap(cfg.Bootstrap...),
+		hpeer.WithLogger(cfg.Logger),
+	}
+	if len(cfg.Listen) > 0 {
+		opts = append(opts, hpeer.WithListen(cfg.Listen...))
+	}
+	offer := cfg.Offer
+	if cfg.API != "off" {
+		offer.APIAddr = cfg.API
+	}
+	opts = append(opts, hpeer.WithOffer(offer))
+	opts = append(opts, cfg.PeerOpts...)
+	if n.host, err = hpeer.New(ctx, opts...); err != nil {
+		return nil, err
+	}
+	if cfg.API != "off" {
+		n.api = api.NewServer(n.Status, cfg.Logger)
+		if err := n.api.Start(cfg.API); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// Host is the node's network presence.
+func (n *Node) Host() *hpeer.Host { return n.host }
+
+// APIAddr is the address the control API listens on ("" when off).
+func (n *Node) APIAddr() string {
+	if n.api == nil {
+		return ""
+	}
+	return n.api.Addr()
+}
+
+// Status is the node's current view, as served on /v1/status.
+func (n *Node) Status() api.Status {
+	h := n.host
+	capab, _ := h.Capability()
+	st := api.Status{
+		PeerID:       h.ID().String(),
+		Swarm:        h.Swarm(),
+		Version:      hpeer.Version,
+		Reachability: h.Reachability(),
+		Backend:      capab.Backend,
+		TEE:          capab.TEE,
+		Peers:        []api.PeerStatus{},
+	}
+	for _, a := range h.Addrs() {
+		st.Addrs = append(st.Addrs, a.String())
+	}
+	for _, m := range h.Members() {
+		ps := api.PeerStatus{
+			PeerID:       m.ID.String(),
+			Conn:         string(m.Conn),
+			Platform:     m.Capability.Platform,
+			Backend:      m.Capability.Backend,
+			GFLOPS:       m.Capability.GFLOPS,
+			MemoryBytes:  m.Capability.MemoryBytes,
+			TEE:          m.Capability.TEE,
+			Reachability: m.Capability.Reachability,
+			Relayed:      m.Capability.Relayed,
+		}
+		for _, a := range m.Addrs {
+			ps.Addrs = append(ps.Addrs, a.String())
+		}
+		st.Peers = append(st.Peers, ps)
+	}
+	n.mu.Lock()
+	st.Warnings = append(st.Warnings, n.warnings...)
+	n.mu.Unlock()
+	return st
+}
+
+// Close stops the node: the API first (so no one reads a half-closed
+// node), then the host.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	var errs []error
+	if n.api != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		errs = append(errs, n.api.Close(ctx))
+		cancel()
+	}
+	if n.host != nil {
+		errs = append(errs, n.host.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("node close: %w", err)
+	}
+	return nil
+}
