@@ -193,7 +193,7 @@ func FuzzUnmarshalEvidence(f *testing.F) {
 			}
 			return
 		}
-		if err := ev.validate(); err != nil {
+		if err := ev.Validate(); err != nil {
 			t.Fatalf("decoded evidence out of bounds: %v", err)
 		}
 		again, err := ev.Marshal()

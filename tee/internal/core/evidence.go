@@ -46,7 +46,7 @@ type Evidence struct {
 //
 // It refuses evidence that UnmarshalEvidence would refuse.
 func (e *Evidence) Marshal() ([]byte, error) {
-	if err := e.validate(); err != nil {
+	if err := e.Validate(); err != nil {
 		return nil, err
 	}
 	n := e.size()
@@ -84,7 +84,9 @@ func (e *Evidence) size() int {
 	return n
 }
 
-func (e *Evidence) validate() error {
+// Validate checks every bound UnmarshalEvidence checks; for evidence built in
+// process rather than decoded.
+func (e *Evidence) Validate() error {
 	if e == nil {
 		return fmt.Errorf("%w: nil evidence", ErrMalformed)
 	}
@@ -212,7 +214,7 @@ func UnmarshalEvidence(b []byte) (*Evidence, error) {
 	if len(d.b) != 0 {
 		return nil, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(d.b))
 	}
-	if err := e.validate(); err != nil {
+	if err := e.Validate(); err != nil {
 		return nil, err
 	}
 	return e, nil
