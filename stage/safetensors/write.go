@@ -1,0 +1,190 @@
+package safetensors
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// WriteOption configures Write.
+type WriteOption func(*writeConfig) error
+
+type writeConfig struct {
+	dtype    DType
+	dtypeSet bool
+}
+
+// WithDType stores every tensor as dt: F32 (the default), BF16 or F16.
+// BF16 and F16 round to nearest, ties to even.
+func WithDType(dt DType) WriteOption {
+	return func(c *writeConfig) error {
+		if c.dtypeSet {
+			return errors.New("safetensors: WithDType given twice")
+		}
+		if dt != F32 && dt != BF16 && dt != F16 {
+			return fmt.Errorf("%w: cannot write %q (F32, BF16 or F16)", ErrDType, dt)
+		}
+		c.dtype, c.dtypeSet = dt, true
+		return nil
+	}
+}
+
+type writeEntry struct {
+	DType       DType    `json:"dtype"`
+	Shape       []int    `json:"shape"`
+	DataOffsets [2]int64 `json:"data_offsets"`
+}
+
+// Write stores tensors and metadata at path in the safetensors format,
+// float32 unless WithDType says otherwise. Tensors are laid out in name
+// order and the header is padded with spaces so the data starts 8-byte
+// aligned, as Hugging Face's writer does. The file appears atomically: it
+// is written to a temporary file in the same directory, synced, then
+// renamed over path. The file is created mode 0600: weights are private.
+func Write(path string, tensors []Tensor, metadata map[string]string, opts ...WriteOption) error {
+	cfg := writeConfig{dtype: F32}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return err
+		}
+	}
+	sorted, err := checkTensors(tensors)
+	if err != nil {
+		return err
+	}
+	hdr, err := buildHeader(sorted, metadata, cfg.dtype)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(path, func(w *bufio.Writer) error {
+		var prefix [prefixSize]byte
+		binary.LittleEndian.PutUint64(prefix[:], uint64(len(hdr)))
+		if _, err := w.Write(prefix[:]); err != nil {
+			return err
+		}
+		if _, err := w.Write(hdr); err != nil {
+			return err
+		}
+		size := int(cfg.dtype.Size())
+		buf := make([]byte, readChunk)
+		per := readChunk / size
+		for _, t := range sorted {
+			for i := 0; i < len(t.Data); i += per {
+				chunk := t.Data[i:min(i+per, len(t.Data))]
+				b := buf[:len(chunk)*size]
+				encode(cfg.dtype, chunk, b)
+				if _, err := w.Write(b); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// checkTensors validates names, shapes and data lengths and returns the
+// tensors sorted by name.
+func checkTensors(tensors []Tensor) ([]Tensor, error) {
+	sorted := slices.Clone(tensors)
+	slices.SortFunc(sorted, func(a, b Tensor) int { return cmp.Compare(a.Name, b.Name) })
+	for i, t := range sorted {
+		if err := checkName(t.Name); err != nil {
+			return nil, fmt.Errorf("safetensors: write: %w", err)
+		}
+		if i > 0 && sorted[i-1].Name == t.Name {
+			return nil, fmt.Errorf("safetensors: write: tensor %q given twice", t.Name)
+		}
+		numel := int64(1)
+		for _, d := range t.Shape {
+			if d < 0 {
+				return nil, fmt.Errorf("safetensors: write: tensor %q: negative dimension in shape %v", t.Name, t.Shape)
+			}
+			if d != 0 && numel > math.MaxInt64/int64(d) {
+				return nil, fmt.Errorf("safetensors: write: tensor %q: shape %v overflows", t.Name, t.Shape)
+			}
+			numel *= int64(d)
+		}
+		if int64(len(t.Data)) != numel {
+			return nil, fmt.Errorf("safetensors: write: tensor %q: shape %v holds %d values, data has %d", t.Name, t.Shape, numel, len(t.Data))
+		}
+	}
+	return sorted, nil
+}
+
+func buildHeader(sorted []Tensor, metadata map[string]string, dt DType) ([]byte, error) {
+	entries := make(map[string]any, len(sorted)+1)
+	if len(metadata) > 0 {
+		entries[MetadataKey] = metadata
+	}
+	var off int64
+	for _, t := range sorted {
+		n := int64(len(t.Data)) * dt.Size()
+		shape := t.Shape
+		if shape == nil {
+			shape = []int{} // a scalar is "shape": [], never null
+		}
+		entries[t.Name] = writeEntry{DType: dt, Shape: shape, DataOffsets: [2]int64{off, off + n}}
+		off += n
+	}
+	hdr, err := json.Marshal(entries)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: write: encoding header: %w", err)
+	}
+	if pad := (prefixSize + len(hdr)) % 8; pad != 0 {
+		hdr = append(hdr, "        "[:8-pad]...)
+	}
+	if len(hdr) > MaxHeaderSize {
+		return nil, fmt.Errorf("safetensors: write: header of %d bytes exceeds the %d-byte limit", len(hdr), MaxHeaderSize)
+	}
+	return hdr, nil
+}
+
+// writeAtomic writes through fill into a temporary file beside path, syncs
+// it and renames it over path, so a crash leaves either the old file or
+// the new one, never half of one.
+func writeAtomic(path string, fill func(*bufio.Writer) error) (err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("safetensors: write: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	w := bufio.NewWriterSize(tmp, 1<<20)
+	if err := fill(w); err != nil {
+		return fmt.Errorf("safetensors: write %s: %w", path, err)
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("safetensors: write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("safetensors: write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("safetensors: write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("safetensors: write: %w", err)
+	}
+	// Make the rename itself durable; not every platform can sync a
+	// directory, and the file is complete either way.
+	if d, derr := os.Open(dir); derr == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
