@@ -95,6 +95,9 @@ func (a *Attester) Attest(ctx context.Context, c core.Claims) (*core.Evidence, e
 // parseQuote parses a v4 quote, turning a parser panic on hostile bytes
 // into ErrMalformed.
 func parseQuote(raw []byte) (*pb.QuoteV4, error) {
+	if err := checkLayout(raw); err != nil {
+		return nil, err
+	}
 	var q any
 	if err := core.Safely("TDX quote parser", func() (err error) {
 		q, err = abi.QuoteToProto(raw)
