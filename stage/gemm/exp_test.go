@@ -1,0 +1,71 @@
+package gemm
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+)
+
+var experimentKernels []*microKernel
+
+// TestTuneKernels prints min-time GFLOP/s for tuning variants; only with
+// GEMM_TUNE=1.
+func TestTuneKernels(t *testing.T) {
+	if os.Getenv("GEMM_TUNE") == "" {
+		t.Skip("GEMM_TUNE not set")
+	}
+	for _, kr := range append(experimentKernels, kernels...) {
+		if !kernelWorks(kr) {
+			t.Errorf("%s broken", kr.name)
+			continue
+		}
+		for _, k := range []int{128, 256, 512} {
+			a := make([]float32, kr.mr*k)
+			bb := make([]float32, kr.nr*k)
+			c := make([]float32, kr.mr*kr.nr)
+			best := time.Hour
+			for range 3000 {
+				s := time.Now()
+				for range 20 {
+					kr.run(k, &a[0], &bb[0], &c[0], kr.nr, 1, 0)
+				}
+				best = min(best, time.Since(s))
+			}
+			fmt.Printf("%-16s k=%4d %6.1f GFLOP/s\n", kr.name, k, 20*2*float64(kr.mr*kr.nr*k)/best.Seconds()/1e9)
+		}
+	}
+}
+
+// TestTuneGemm prints the best of many 1024³ runs per kernel and thread
+// count; only with GEMM_TUNE=1.
+func TestTuneGemm(t *testing.T) {
+	if os.Getenv("GEMM_TUNE") == "" {
+		t.Skip("GEMM_TUNE not set")
+	}
+	const n = 1024
+	a, b, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
+	for i := range a {
+		a[i], b[i] = float32(i%7)-3, float32(i%5)-2
+	}
+	for _, kr := range kernels[:1] {
+		for _, th := range []int{1, 2} {
+			withKernel(kr, th, func() {
+				best := time.Hour
+				for range 25 {
+					s := time.Now()
+					Sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n)
+					best = min(best, time.Since(s))
+				}
+				fmt.Printf("%s threads=%d best %.1f GFLOP/s\n", kr.name, th, 2*float64(n*n*n)/best.Seconds()/1e9)
+			})
+		}
+	}
+	best := time.Hour
+	for range 5 {
+		s := time.Now()
+		GonumSgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n)
+		best = min(best, time.Since(s))
+	}
+	fmt.Printf("gonum best %.1f GFLOP/s\n", 2*float64(n*n*n)/best.Seconds()/1e9)
+}

@@ -1,0 +1,5 @@
+//go:build amd64 || 386
+
+package gemm
+
+var genericKernel = generic2x4

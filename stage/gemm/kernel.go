@@ -1,0 +1,100 @@
+package gemm
+
+import (
+	"math"
+	"slices"
+)
+
+// microKernel is one register-tiled inner kernel together with the cache
+// blocking that suits it. run computes
+//
+//	C[0:mr, 0:nr] = alpha·Ã·B̃ + beta·C
+//
+// over k steps, where Ã is a packed mr×k panel (mr values per step of k), B̃
+// a packed k×nr panel (nr values per step of k), and rows of C are ldc
+// elements apart. beta == 0 must write C without reading it.
+type microKernel struct {
+	name   string
+	mr, nr int
+	// kc, mc and nc are the depth of a packed block, the rows of A packed
+	// at once (kept in L2) and the columns of B packed at once (kept in L3).
+	kc, mc, nc int
+	run        func(k int, a, b, c *float32, ldc int, alpha, beta float32)
+}
+
+// kernels lists the kernels this machine can run, fastest first; the
+// generic kernel is always last. Filled by init in the arch files.
+var kernels []*microKernel
+
+// kernelOverride, when set, replaces the automatic choice (tests use it to
+// run every kernel on one machine).
+var kernelOverride *microKernel
+
+func activeKernel() *microKernel {
+	if kernelOverride != nil {
+		return kernelOverride
+	}
+	return kernels[0]
+}
+
+// Kernel names the micro-kernel Sgemm uses on this machine: "avx512",
+// "avx2" or "generic". Status and capability records report it.
+func Kernel() string { return activeKernel().name }
+
+// kernelWorks runs kr once on a small exactly representable problem and
+// compares it with plain Go arithmetic. Assembly kernels are checked this
+// way before first use, so that a kernel miscompiled for a CPU the project
+// never ran on is dropped rather than trusted: holopeer trains on whatever
+// machines join the swarm.
+func kernelWorks(kr *microKernel) bool {
+	const k = 9 // odd: exercises an unrolled loop's tail
+	mr, nr := kr.mr, kr.nr
+	ldc := nr + 3
+	a := make([]float32, mr*k)
+	b := make([]float32, k*nr)
+	for i := range a {
+		a[i] = float32(i%5 - 2)
+	}
+	for i := range b {
+		b[i] = float32(i%7 - 3)
+	}
+	want := func(r, c int, alpha, beta, old float32) float32 {
+		var s float32
+		for p := 0; p < k; p++ {
+			s += a[p*mr+r] * b[p*nr+c]
+		}
+		return alpha*s + beta*old
+	}
+	nan := float32(math.NaN())
+	c := make([]float32, mr*ldc)
+	for _, beta := range []float32{0, 0.5} {
+		for i := range c {
+			c[i] = float32(i % 3)
+			if beta == 0 {
+				c[i] = nan
+			}
+		}
+		old := slices.Clone(c)
+		kr.run(k, &a[0], &b[0], &c[0], ldc, 2, beta)
+		for r := 0; r < mr; r++ {
+			for x := 0; x < ldc; x++ {
+				got := c[r*ldc+x]
+				if x >= nr {
+					// Outside the tile: must be untouched.
+					if math.Float32bits(got) != math.Float32bits(old[r*ldc+x]) {
+						return false
+					}
+					continue
+				}
+				o := old[r*ldc+x]
+				if beta == 0 {
+					o = 0
+				}
+				if got != want(r, x, 2, beta, o) {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
