@@ -98,15 +98,18 @@ func softmaxRow(d, x []float32) float64 {
 	for _, v := range x {
 		m = max(m, v)
 	}
+	// One exp per element: d holds exp(x−m) until it is normalised.
 	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v - m))
-	}
-	lse := float64(m) + math.Log(s)
 	for i, v := range x {
-		d[i] = float32(math.Exp(float64(v) - lse))
+		e := math.Exp(float64(v - m))
+		d[i] = float32(e)
+		s += e
 	}
-	return lse
+	inv := 1 / s
+	for i, e := range d {
+		d[i] = float32(float64(e) * inv)
+	}
+	return float64(m) + math.Log(s)
 }
 
 // Gather implements tensor.Backend.
