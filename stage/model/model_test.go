@@ -625,3 +625,83 @@ func TestInputValidation(t *testing.T) {
 		t.Error("Drop left the microbatch in flight")
 	}
 }
+
+// TestSubspaceBoundaryIsLossless sends the boundary of a constrained
+// two-stage model as k coefficients per token both ways (what the wire
+// codec does with subspace.Basis) and checks that the loss and every
+// gradient match the uncompressed run.
+func TestSubspaceBoundaryIsLossless(t *testing.T) {
+	cfg := model.Config{Vocab: 40, Dim: 32, Layers: 2, Heads: 4, KVHeads: 2, FFNDim: 40, MaxSeq: 16,
+		Subspace: model.SubspaceConfig{Rank: 6, Seed: 3}}
+	spans, _ := model.EvenSpans(2, 2)
+	mbs, total := batch(cfg, 4)
+	runPair := func(compress bool) (float64, map[string][]float32) {
+		stages, err := model.NewStages(cfg, spans, model.WithSeed(7))
+		if err != nil {
+			t.Fatal(err)
+		}
+		perturb(t, stages...)
+		basis := stages[0].Basis()
+		k := basis.Rank()
+		var loss float64
+		for i, mb := range mbs {
+			toks := make([]int, len(mb.Tokens))
+			for j, tok := range mb.Tokens {
+				toks[j] = int(tok)
+			}
+			n := len(toks)
+			out0, err := stages[0].Forward(i, model.Input{Batch: mb.Batch, Seq: mb.Seq, Tokens: mb.Tokens, Positions: mb.Positions})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hidden := out0.Hidden
+			if compress {
+				c := make([]float32, n*k)
+				if r := basis.Encode(hidden, toks, c); r > 1e-5 {
+					t.Fatalf("boundary residual %.3g", r)
+				}
+				hidden = make([]float32, n*cfg.Dim)
+				basis.Decode(c, toks, hidden)
+			}
+			out1, err := stages[1].Forward(i, model.Input{Batch: mb.Batch, Seq: mb.Seq, Tokens: mb.Tokens, Positions: mb.Positions,
+				Hidden: hidden, Targets: mb.Targets, LossTokens: total})
+			if err != nil {
+				t.Fatal(err)
+			}
+			loss += out1.Loss
+			g, err := stages[1].Backward(i, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if compress {
+				gc := make([]float32, n*k)
+				basis.ProjectGrad(g, n, gc)
+				basis.LiftGrad(gc, n, g)
+			}
+			if _, err := stages[0].Backward(i, g); err != nil {
+				t.Fatal(err)
+			}
+		}
+		grads := map[string][]float32{}
+		for _, s := range stages {
+			for _, p := range s.Params() {
+				grads[p.Name] = p.GradData()
+			}
+		}
+		return loss, grads
+	}
+	l0, g0 := runPair(false)
+	l1, g1 := runPair(true)
+	if math.Abs(l0-l1) > 1e-5*l0 {
+		t.Errorf("loss %.8g uncompressed, %.8g through k=%d coefficients", l0, l1, cfg.Subspace.Rank)
+	}
+	worst := 0.0
+	for name, g := range g0 {
+		e := tt.RelErr(g1[name], tt.F64(g))
+		worst = math.Max(worst, e)
+		if e > 1e-4 {
+			t.Errorf("%s: gradient through the compressed boundary differs by %.3g", name, e)
+		}
+	}
+	t.Logf("wire d=%d → k=%d: loss %.6f vs %.6f, worst gradient rel diff %.2e", cfg.Dim, cfg.Subspace.Rank, l0, l1, worst)
+}
