@@ -3,6 +3,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -143,6 +144,9 @@ func codeOf(err error) Code {
 	var ne interface{ Timeout() bool }
 	if errors.As(err, &ne) && ne.Timeout() {
 		return CodeTimeout
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return CodeMalformed // a frame or handshake cut short
 	}
 	return CodeInternal
 }

@@ -277,7 +277,7 @@ func handshake(rw io.ReadWriter, initiator bool, id *identity, local, remote pee
 		}
 		msg, cs0, cs1, err := hs.WriteMessage(nil, id.payload(fp))
 		if err != nil {
-			return fail("message 3", err)
+			return fail("message 3", noiseErr{err})
 		}
 		if err := writeHandshakeRecord(rw, nil, msg); err != nil {
 			return fail("write message 3", err)
@@ -288,12 +288,16 @@ func handshake(rw io.ReadWriter, initiator bool, id *identity, local, remote pee
 	if err != nil {
 		return fail("read message 1", err)
 	}
-	if _, _, _, err := hs.ReadMessage(nil, in); err != nil {
+	p1, _, _, err := hs.ReadMessage(nil, in)
+	if err != nil {
 		return fail("message 1", noiseErr{err})
+	}
+	if len(p1) != 0 {
+		return fail("message 1", errorf(CodeHandshake, "message 1 carries a %d-byte payload, want none", len(p1)))
 	}
 	msg, _, _, err := hs.WriteMessage(nil, id.payload(fp))
 	if err != nil {
-		return fail("message 2", err)
+		return fail("message 2", noiseErr{err}) // e.g. a low-order ephemeral key from the peer
 	}
 	if err := writeHandshakeRecord(rw, nil, msg); err != nil {
 		return fail("write message 2", err)

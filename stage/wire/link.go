@@ -191,8 +191,8 @@ func (l *Link) Send(ctx context.Context, f Frame) error {
 	err = l.w.writeFrame(&h, l.plain)
 	stop()
 	if err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("wire: send %s step %d: %w", f.Kind, f.Step, ctx.Err())
+		if cerr := ctxErr(ctx); cerr != nil {
+			err = fmt.Errorf("wire: send %s step %d: %w", f.Kind, f.Step, cerr)
 		}
 		return l.abort(codeOf(err), fromStreamError(err, l.remote))
 	}
@@ -321,10 +321,10 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 		l.buffer)
 	stop()
 	if err != nil {
-		if l.r.read == before && !isRefusal(err) && (ctx.Err() != nil || isTimeout(err)) {
+		if l.r.read == before && !isRefusal(err) && (ctxErr(ctx) != nil || isTimeout(err)) {
 			// Nothing of the next frame was consumed: the link is intact.
-			if ctx.Err() != nil {
-				return Frame{}, ctx.Err()
+			if cerr := ctxErr(ctx); cerr != nil {
+				return Frame{}, cerr
 			}
 			return Frame{}, wrapErr(CodeTimeout, "waiting for a frame", err)
 		}
@@ -332,6 +332,9 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 			// The peer sends no more; our side may still send.
 			l.recvEOF = true
 			return Frame{}, io.EOF
+		}
+		if cerr := ctxErr(ctx); cerr != nil && !isRefusal(err) {
+			return Frame{}, l.abort(CodeTimeout, fmt.Errorf("wire: recv cancelled mid-frame: %w", cerr))
 		}
 		return Frame{}, l.fail(err)
 	}
@@ -358,6 +361,18 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 	l.stats.PayloadRecv += int64(h.Length)
 	l.mu.Unlock()
 	return f, nil
+}
+
+// ctxErr is ctx.Err(), also when the stream deadline taken from ctx fired
+// a moment before ctx's own timer.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 func isRefusal(err error) bool {
@@ -419,7 +434,14 @@ func sanitize(b []byte) string {
 func (l *Link) fail(err error) error {
 	err = fromStreamError(err, l.remote)
 	var we *Error
-	if errors.As(err, &we) && !we.Remote {
+	switch {
+	case errors.As(err, &we):
+	case isTimeout(err):
+		we = wrapErr(CodeTimeout, "peer stalled mid-frame", err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		we = wrapErr(CodeMalformed, "frame cut short", err)
+	}
+	if we != nil && !we.Remote {
 		if we.Peer == "" {
 			we.Peer = l.remote
 		}
@@ -447,6 +469,15 @@ func (l *Link) refuse(e *Error) error {
 		return e
 	}
 	msg := e.Detail
+	if e.Err != nil {
+		if msg != "" {
+			msg += ": "
+		}
+		msg += e.Err.Error()
+	}
+	if msg == "" {
+		msg = e.Code.String()
+	}
 	if len(msg) > MaxErrorMessage {
 		msg = msg[:MaxErrorMessage]
 	}
