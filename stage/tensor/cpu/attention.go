@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/holopeer/holopeer/stage/gemm"
 	"github.com/holopeer/holopeer/stage/tensor"
@@ -85,16 +84,17 @@ func (be *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse tensor.
 				gemm.Sgemm(false, true, s.SeqQ, s.SeqK, hd, 1, doh, qs, vg, kvs, 0, dp, s.SeqK)
 				for i := 0; i < s.SeqQ; i++ {
 					lim := s.QOffset + i + 1
-					l := float64(lf[(b*s.Heads+h)*s.SeqQ+i])
-					var d float64
+					l := lf[(b*s.Heads+h)*s.SeqQ+i]
+					var d64 float64
 					for c := 0; c < hd; c++ {
-						d += float64(doh[i*qs+c]) * float64(oh[i*qs+c])
+						d64 += float64(doh[i*qs+c]) * float64(oh[i*qs+c])
 					}
+					d := float32(d64)
 					pr, dr := p[i*s.SeqK:(i+1)*s.SeqK], dp[i*s.SeqK:(i+1)*s.SeqK]
 					for c := 0; c < lim; c++ {
-						pc := math.Exp(float64(pr[c]) - l)
-						pr[c] = float32(pc)
-						dr[c] = float32(pc * (float64(dr[c]) - d))
+						pc := exp32(pr[c] - l)
+						pr[c] = pc
+						dr[c] = pc * (dr[c] - d)
 					}
 					clear(pr[lim:])
 					clear(dr[lim:])

@@ -101,9 +101,9 @@ func softmaxRow(d, x []float32) float64 {
 	// One exp per element: d holds exp(x−m) until it is normalised.
 	var s float64
 	for i, v := range x {
-		e := math.Exp(float64(v - m))
-		d[i] = float32(e)
-		s += e
+		e := exp32(v - m)
+		d[i] = e
+		s += float64(e)
 	}
 	inv := 1 / s
 	for i, e := range d {
@@ -172,18 +172,17 @@ func (be *Backend) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer) {
 	}
 	be.parallel(n, grainElems/8, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			x := float64(g[i])
-			s := 1 / (1 + math.Exp(-x))
-			dsilu := s * (1 + x*(1-s))
-			dg[i] = float32(float64(do[i]) * float64(u[i]) * dsilu)
-			du[i] = do[i] * float32(x*s)
+			x := g[i]
+			s := 1 / (1 + exp32(-x))
+			dg[i] = do[i] * u[i] * (s * (1 + x*(1-s)))
+			du[i] = do[i] * (x * s)
 		}
 	})
 }
 
+// silu is x·sigmoid(x), computed as SwiGLUBackward's x·s so the two agree.
 func silu(x float32) float32 {
-	v := float64(x)
-	return float32(v / (1 + math.Exp(-v)))
+	return x * (1 / (1 + exp32(-x)))
 }
 
 // SoftmaxCrossEntropy implements tensor.Backend.
