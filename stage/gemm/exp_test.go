@@ -69,3 +69,34 @@ func TestTuneGemm(t *testing.T) {
 	}
 	fmt.Printf("gonum best %.1f GFLOP/s\n", 2*float64(n*n*n)/best.Seconds()/1e9)
 }
+
+// TestTuneBlocking sweeps kc and mc for the default kernel at 1024³ on all
+// cores and on one; only with GEMM_TUNE=1.
+func TestTuneBlocking(t *testing.T) {
+	if os.Getenv("GEMM_TUNE") == "" {
+		t.Skip("GEMM_TUNE not set")
+	}
+	const n = 1024
+	a, b, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
+	for i := range a {
+		a[i], b[i] = float32(i%7)-3, float32(i%5)-2
+	}
+	base := kernels[0]
+	for _, kc := range []int{192, 256, 384, 512} {
+		for _, mcTiles := range []int{8, 16, 24, 48} {
+			kr := *base
+			kr.kc, kr.mc = kc, mcTiles*kr.mr
+			for _, th := range []int{1, 2} {
+				withKernel(&kr, th, func() {
+					best := time.Hour
+					for range 10 {
+						s := time.Now()
+						Sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n)
+						best = min(best, time.Since(s))
+					}
+					fmt.Printf("kc=%d mc=%d threads=%d best %.1f GFLOP/s\n", kc, kr.mc, th, 2*float64(n*n*n)/best.Seconds()/1e9)
+				})
+			}
+		}
+	}
+}

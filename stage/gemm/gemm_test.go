@@ -132,7 +132,7 @@ func tinyBlocked(kr *microKernel) *microKernel {
 
 // interesting sizes for a kernel: around 1, around its tile sizes, and odd.
 func sizesFor(kr *microKernel) []int {
-	return []int{1, 2, 3, kr.mr - 1, kr.mr, kr.mr + 1, kr.nr - 1, kr.nr, kr.nr + 1, 2*kr.mr + 3, 2*kr.nr + 5, 37}
+	return []int{1, 2, 3, kr.mr - 1, kr.mr, kr.mr + 1, kr.nr - 1, kr.nr, kr.nr + 1, 2*kr.mr + 3, 5*kr.mr + 1, 2*kr.nr + 5, 3*kr.nr + 7, 37}
 }
 
 // testKernels is every kernel this machine can run, plus the portable
@@ -156,7 +156,7 @@ func TestSgemmEveryKernel(t *testing.T) {
 				for _, blk := range []*microKernel{kr, tinyBlocked(kr)} {
 					withKernel(blk, threads, func() {
 						for trans := range 4 {
-							for range 12 {
+							for range 20 {
 								tc := gemmCase{
 									transA: trans&1 != 0, transB: trans&2 != 0,
 									m: sizes[rng.IntN(len(sizes))], n: sizes[rng.IntN(len(sizes))], k: sizes[rng.IntN(len(sizes))],
