@@ -2,8 +2,12 @@ package tee_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"testing"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/holopeer/holopeer/tee"
 )
@@ -43,5 +47,28 @@ func TestModes(t *testing.T) {
 	a, err = tee.NewAttester(context.Background(), tee.ModeSim, tee.WithSimKey(tee.SimTestnetKey("t")))
 	if err != nil || a.Provider() != tee.ProviderSim {
 		t.Fatalf("sim attester: %v, %v", a, err)
+	}
+}
+
+func TestNewClaimsAndPeerID(t *testing.T) {
+	_, pub, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tee.NewClaims("s", pub, make([]byte, 32), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := peer.IDFromPublicKey(pub)
+	if got, err := c.PeerID(); err != nil || got != want {
+		t.Fatalf("PeerID = %s, %v; want %s", got, err, want)
+	}
+	if _, err := tee.NewClaims("s", pub, make([]byte, 8), 1); !errors.Is(err, tee.ErrMalformed) {
+		t.Fatalf("short nonce: %v", err)
+	}
+	bad := c
+	bad.IdentityKey = []byte("not a key")
+	if _, err := bad.PeerID(); !errors.Is(err, tee.ErrMalformed) {
+		t.Fatalf("bad key: %v", err)
 	}
 }

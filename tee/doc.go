@@ -19,15 +19,20 @@
 // Attesting (the candidate):
 //
 //	a, err := tee.NewAttester(ctx, tee.ModeAuto)   // or Detect(ctx); ModeNone gives nil
-//	ev, err := a.Attest(ctx, tee.Claims{Swarm: s, IdentityKey: pub, Nonce: n, Term: t})
-//	wire, err := ev.Marshal()
+//	c, err := tee.NewClaims(swarm, host.Peerstore().PubKey(self), nonce, term)
+//	ev, err := a.Attest(ctx, c)
+//	wire, err := ev.Marshal()                       // at most MaxEvidenceBytes
 //
 // Verifying (every peer, before following a coordinator):
 //
 //	v, err := tee.NewVerifier(policy)               // production AMD/Intel roots
 //	ev, err := tee.UnmarshalEvidence(wire)
-//	res, err := v.Verify(ctx, ev, tee.Claims{Swarm: s, IdentityKey: remotePub, Nonce: n, Term: t})
-//	// errors.Is(err, tee.ErrStaleNonce), ... name the reason; res.Insecure marks sim.
+//	want, err := tee.NewClaims(swarm, senderPubKey, nonce, term)
+//	res, err := v.Verify(ctx, ev, want)
+//	// errors.Is(err, tee.ErrStaleNonce), ... name the reason;
+//	// res.Insecure marks sim, res.Label() prints "sim (INSECURE)".
+//
+// Evidence for a term is useless in the next: re-attest every term.
 //
 // # Providers
 //

@@ -1,6 +1,10 @@
 package tee
 
 import (
+	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+
 	"github.com/holopeer/holopeer/tee/internal/core"
 	"github.com/holopeer/holopeer/tee/sim"
 )
@@ -33,6 +37,21 @@ const (
 	MinNonceBytes       = core.MinNonceBytes
 	MaxNonceBytes       = core.MaxNonceBytes
 )
+
+// NewClaims builds claims for a libp2p identity key (marshalled as
+// crypto.MarshalPublicKey does, the bytes its peer ID is derived from) and
+// checks their bounds.
+func NewClaims(swarm string, identity crypto.PubKey, nonce []byte, term uint64) (Claims, error) {
+	if identity == nil {
+		return Claims{}, fmt.Errorf("%w: nil identity key", ErrMalformed)
+	}
+	key, err := crypto.MarshalPublicKey(identity)
+	if err != nil {
+		return Claims{}, fmt.Errorf("tee: marshal identity key: %w", err)
+	}
+	c := Claims{Swarm: swarm, IdentityKey: key, Nonce: nonce, Term: term}
+	return c, c.Validate()
+}
 
 // ReportData is the 64-byte binding of claims placed in REPORT_DATA:
 // SHA-512("holopeer-tee-v1" ‖ 0x00 ‖ lp(swarm) ‖ lp(key) ‖ lp(nonce) ‖ u64be(term)).

@@ -192,8 +192,9 @@ func cloneAll(list [][]byte) [][]byte {
 //  5. policy: debug (ErrDebug), revocation (ErrRevoked), measurement
 //     (ErrMeasurement), TCB (ErrTCB), the rest (ErrPolicy).
 //
-// Each failure wraps exactly one of those sentinels. On success the Result
-// says what was attested; Result.Insecure is true exactly for sim.
+// Each failure wraps exactly one of those sentinels (or is ctx's error; an
+// invalid expect is ErrMalformed). On success the Result says what was
+// attested; Result.Insecure is true exactly for sim.
 func (v *Verifier) Verify(ctx context.Context, ev *Evidence, expect Claims) (Result, error) {
 	if ev == nil {
 		return Result{}, fmt.Errorf("%w: nil evidence", ErrMalformed)

@@ -303,3 +303,30 @@ func TestPolicyValidate(t *testing.T) {
 		t.Errorf("zero policy: %v", err)
 	}
 }
+
+// The teetest helpers give other packages' tests (the election) a verifier
+// that accepts the fakes and nothing else.
+func TestTeetestHelpers(t *testing.T) {
+	amd, err := teetest.NewAMD(teetest.AMDOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	intel, err := teetest.NewIntel(teetest.IntelOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := tee.NewVerifier(teetest.Policy(), append(teetest.VerifierOptions(amd, intel), tee.WithLogger(quiet))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tee.Claims{Swarm: swarm, IdentityKey: identityKey(t), Nonce: nonce(4), Term: 1}
+	for _, a := range []tee.Attester{must(amd.Attester()), must(intel.Attester())} {
+		ev, err := a.Attest(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.Verify(context.Background(), ev, c); err != nil {
+			t.Fatalf("%s: %v", a.Provider(), err)
+		}
+	}
+}

@@ -5,6 +5,9 @@ import (
 	"crypto/sha512"
 	"encoding/binary"
 	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 )
 
 // Bounds on the claims, checked by Validate, Marshal and UnmarshalEvidence.
@@ -79,4 +82,14 @@ func ReportData(c Claims) [64]byte {
 	var out [64]byte
 	h.Sum(out[:0])
 	return out
+}
+
+// PeerID is the libp2p peer ID of the claimed identity key, for checking
+// that the evidence speaks for the peer that sent it.
+func (c Claims) PeerID() (peer.ID, error) {
+	pub, err := crypto.UnmarshalPublicKey(c.IdentityKey)
+	if err != nil {
+		return "", fmt.Errorf("%w: identity key: %v", ErrMalformed, err)
+	}
+	return peer.IDFromPublicKey(pub)
 }
