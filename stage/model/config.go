@@ -93,8 +93,8 @@ func (c Config) Validate() error {
 		return bad("Vocab %d out of range 1..%d", c.Vocab, MaxVocab)
 	case c.Dim <= 0 || c.Dim > MaxDim:
 		return bad("Dim %d out of range 1..%d", c.Dim, MaxDim)
-	case c.Layers < 0 || c.Layers > MaxLayers:
-		return bad("Layers %d out of range 0..%d", c.Layers, MaxLayers)
+	case c.Layers <= 0 || c.Layers > MaxLayers:
+		return bad("Layers %d out of range 1..%d", c.Layers, MaxLayers)
 	case c.Heads <= 0 || c.Dim%c.Heads != 0:
 		return bad("Heads %d must be positive and divide Dim %d", c.Heads, c.Dim)
 	case (c.Dim/c.Heads)%2 != 0:

@@ -525,6 +525,7 @@ func TestConfigValidate(t *testing.T) {
 	for field, mutate := range map[string]func(*model.Config){
 		"Vocab":              func(c *model.Config) { c.Vocab = 0 },
 		"Dim":                func(c *model.Config) { c.Dim = -1 },
+		"Layers":             func(c *model.Config) { c.Layers = 0 },
 		"Heads":              func(c *model.Config) { c.Heads = 3 },
 		"head dim":           func(c *model.Config) { c.Heads = 8 },
 		"KVHeads":            func(c *model.Config) { c.KVHeads = 3 },

@@ -17,6 +17,15 @@
 //
 // Backends register themselves by name (the cpu backend in package
 // tensor/cpu, GPU ones behind build tags) and are opened with Open.
+//
+// A new backend is done when its tests pass
+//
+//	tensortest.CheckBackend(t, be)             // float64 references, finite differences
+//	tensortest.CheckParity(t, be, cpu.New(), 0) // same inputs as cpu
+//
+// and the model tests pass with model.WithBackend(be). Stages allocate and
+// free activation buffers per microbatch, so a device backend wants a
+// caching allocator behind Alloc and Free.
 package tensor
 
 import "fmt"
