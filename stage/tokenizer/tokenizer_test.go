@@ -419,3 +419,23 @@ func FuzzParseHF(f *testing.F) {
 		}
 	})
 }
+
+// TestLlama3SplitPattern: the look-ahead and case-folding regex of
+// Llama-3's pre-tokenizer compiles on regexp2 and splits as it does in
+// Hugging Face.
+func TestLlama3SplitPattern(t *testing.T) {
+	const llama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	raw, _ := json.Marshal(map[string]any{"type": "Split", "pattern": map[string]string{"Regex": llama3}, "behavior": "Isolated", "invert": false})
+	p, err := buildPreTokenizer(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, pc := range p.split([]piece{{text: "Hello world'S 12345  ok\n\nx", atStart: true}}) {
+		got = append(got, pc.text)
+	}
+	want := []string{"Hello", " world", "'S", " ", "123", "45", " ", " ok", "\n\n", "x"}
+	if !slices.Equal(got, want) {
+		t.Errorf("split %q, want %q", got, want)
+	}
+}
