@@ -91,9 +91,9 @@ func (a *Attester) Attest(ctx context.Context, c core.Claims) (*core.Evidence, e
 	if len(raw) < abi.ReportSize {
 		return nil, fmt.Errorf("snp: report is %d bytes, want at least %d", len(raw), abi.ReportSize)
 	}
-	att, err := abi.ReportCertsToProto(raw)
+	att, err := parseOwn(raw)
 	if err != nil {
-		return nil, fmt.Errorf("snp: parse own report: %w", err)
+		return nil, err
 	}
 	if !bytes.Equal(att.Report.GetReportData(), rd[:]) {
 		return nil, errors.New("snp: firmware returned a report for other report data")
@@ -111,6 +111,32 @@ func (a *Attester) Attest(ctx context.Context, c core.Claims) (*core.Evidence, e
 		Certs:    certs,
 		Claims:   c,
 	}, nil
+}
+
+// parseOwn splits this guest's report ‖ certificate table. It reads the
+// table entries itself rather than through CertTable.Proto, which logs a
+// warning to stdout whenever the host provisioned no VCEK.
+func parseOwn(raw []byte) (*spb.Attestation, error) {
+	report, err := abi.ReportToProto(raw[:abi.ReportSize])
+	if err != nil {
+		return nil, fmt.Errorf("snp: parse own report: %w", err)
+	}
+	table := new(abi.CertTable)
+	if err := table.Unmarshal(raw[abi.ReportSize:]); err != nil {
+		return nil, fmt.Errorf("snp: parse host certificate table: %w", err)
+	}
+	chain := &spb.CertificateChain{Extras: map[string][]byte{}}
+	for _, e := range table.Entries {
+		switch e.GUID {
+		case vcekGUID:
+			chain.VcekCert = e.RawCert
+		case vlekGUID:
+			chain.VlekCert = e.RawCert
+		case extraGUID:
+			chain.Extras[abi.ExtraPlatformInfoGUID] = e.RawCert
+		}
+	}
+	return &spb.Attestation{Report: report, CertificateChain: chain}, nil
 }
 
 // fillEndorsement makes sure the VCEK (or VLEK) that signed the report is

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/kds"
 	sevtestdata "github.com/google/go-sev-guest/verify/testdata"
 	"github.com/google/uuid"
@@ -81,9 +82,7 @@ func TestVCEKFetchedFromKDS(t *testing.T) {
 // data) passes the chain and signature steps against AMD's embedded roots;
 // its REPORT_DATA is not ours, so it then fails at the binding step.
 func TestRealAMDReportAgainstProductionRoots(t *testing.T) {
-	vcek := append(uuid.MustParse("63da758d-e664-4564-adc5-f4b93be8accd").NodeID()[:0:0], []byte{}...)
-	_ = vcek
-	g := uuid.MustParse("63da758d-e664-4564-adc5-f4b93be8accd")
+	g := uuid.MustParse(abi.VcekGUID)
 	ev := &core.Evidence{
 		Provider: snp.Provider,
 		Report:   sevtestdata.AttestationBytes,

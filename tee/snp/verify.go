@@ -19,7 +19,9 @@ import (
 	"github.com/holopeer/holopeer/tee/internal/core"
 )
 
-// Policy is what a swarm accepts from SEV-SNP coordinators.
+// Policy is what a swarm accepts from SEV-SNP coordinators. Beyond these
+// fields the verifier always requires VMPL 0, no migration agent, and
+// consistent TCB fields (go-sev-guest's validate package).
 type Policy struct {
 	// Measurements are the allowed MEASUREMENT values (48 bytes each). An
 	// empty list allows none: a swarm must name the images it trusts.
