@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+
+	"github.com/holopeer/holopeer/stage/job"
 )
 
 // Offer is one machine on offer, as its signed capability record and the
@@ -48,14 +50,8 @@ type Request struct {
 	Exclude       []string // peers never to place (e.g. one that just failed)
 }
 
-// StagePlan is one block-holding stage: blocks [First, Last) on each of
-// its replicas.
-type StagePlan struct {
-	Index    int      `json:"index"`
-	First    int      `json:"first"`
-	Last     int      `json:"last"`
-	Replicas []string `json:"replicas"`
-}
+// StagePlan is one stage of a plan (see package job).
+type StagePlan = job.StagePlan
 
 // ErrInsufficient is returned when the swarm does not lend enough.
 var ErrInsufficient = errors.New("the swarm does not offer enough")

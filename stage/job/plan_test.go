@@ -1,4 +1,4 @@
-package coord
+package job
 
 import (
 	"encoding/json"
@@ -8,6 +8,9 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	lpeer "github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/optim"
 )
 
 func testPlan(t *testing.T) (*Plan, crypto.PrivKey) {
@@ -15,7 +18,7 @@ func testPlan(t *testing.T) (*Plan, crypto.PrivKey) {
 	id, _ := lpeer.IDFromPrivateKey(key)
 	return &Plan{
 		JobID: "j1", Epoch: 1, Term: 3, Coordinator: id.String(), Researcher: "R",
-		Manifest: []byte("name: x\n"),
+		Spec:     testSpec(4),
 		Stages: []StagePlan{
 			{Index: 0, First: 0, Last: 2, Replicas: []string{"A"}},
 			{Index: 1, First: 2, Last: 4, Replicas: []string{"B", "C"}},
@@ -85,7 +88,7 @@ func FuzzOpenPlan(f *testing.F) {
 	{
 		k, _, _ := crypto.GenerateEd25519Key(nil)
 		id, _ := lpeer.IDFromPrivateKey(k)
-		p = &Plan{JobID: "j", Coordinator: id.String(), Researcher: "R", Stages: []StagePlan{{Index: 0, First: 0, Last: 1, Replicas: []string{"A"}}}}
+		p = &Plan{JobID: "j1", Coordinator: id.String(), Researcher: "R", Spec: testSpec(1), Stages: []StagePlan{{Index: 0, First: 0, Last: 1, Replicas: []string{"A"}}}}
 		key = k
 	}
 	b, _ := SignPlan(p, key)
@@ -97,4 +100,32 @@ func FuzzOpenPlan(f *testing.F) {
 			t.Fatal("accepted an invalid plan")
 		}
 	})
+}
+
+func testSpec(layers int) Spec {
+	return Spec{JobID: "j1", Name: "t", Kind: KindTrain,
+		Model: model.Config{Vocab: 16, Dim: 8, Layers: layers, Heads: 2, KVHeads: 1, FFNDim: 16, MaxSeq: 8},
+		Codec: "fp32", Steps: 1, SeqLen: 4, Rows: 1, Microbatches: 1,
+		Optim: optim.DefaultConfig(), Schedule: optim.Schedule{Peak: 1e-3, Total: 1}}
+}
+
+func TestSpecValidate(t *testing.T) {
+	s := testSpec(2)
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s.Codec = "subspace"
+	if s.Validate() == nil {
+		t.Fatal("subspace codec without the model constraint accepted")
+	}
+	s = testSpec(2)
+	s.SeqLen = 9
+	if s.Validate() == nil {
+		t.Fatal("seq_len past max_seq accepted")
+	}
+	s = testSpec(2)
+	s.JobID = "../etc"
+	if s.Validate() == nil {
+		t.Fatal("path-like job id accepted")
+	}
 }

@@ -1,4 +1,4 @@
-package coord
+package job
 
 import (
 	"encoding/json"
@@ -25,7 +25,7 @@ type Plan struct {
 	Term        uint64      `json:"term"`
 	Coordinator string      `json:"coordinator"`
 	Researcher  string      `json:"researcher"`
-	Manifest    []byte      `json:"manifest"` // the researcher's YAML, verbatim
+	Spec        Spec        `json:"spec"` // what every stage needs to know of the job
 	Stages      []StagePlan `json:"stages"`
 	Spares      []string    `json:"spares,omitempty"`
 	IssuedAt    time.Time   `json:"issued_at"`
@@ -53,6 +53,15 @@ func (p *Plan) Neighbours(peer string) (stage int, prev, next []string, ok bool)
 	return -1, nil, nil, false
 }
 
+// StagePlan is one block-holding stage: blocks [First, Last) on each of
+// its replicas.
+type StagePlan struct {
+	Index    int      `json:"index"`
+	First    int      `json:"first"`
+	Last     int      `json:"last"`
+	Replicas []string `json:"replicas"`
+}
+
 // StageOf returns the stage peer holds, or -1.
 func (p *Plan) StageOf(peer string) int {
 	i, _, _, ok := p.Neighbours(peer)
@@ -67,6 +76,8 @@ func (p *Plan) Validate() error {
 	switch {
 	case p.JobID == "" || p.Coordinator == "" || p.Researcher == "":
 		return errors.New("plan: missing job id, coordinator or researcher")
+	case p.Spec.JobID != p.JobID:
+		return fmt.Errorf("plan: spec is for job %q, plan for %q", p.Spec.JobID, p.JobID)
 	case len(p.Stages) == 0 || len(p.Stages) > 256:
 		return fmt.Errorf("plan: %d stages", len(p.Stages))
 	}
@@ -83,6 +94,9 @@ func (p *Plan) Validate() error {
 			}
 			seen[r] = true
 		}
+	}
+	if next != p.Spec.Model.Layers {
+		return fmt.Errorf("plan: stages cover %d of %d blocks", next, p.Spec.Model.Layers)
 	}
 	return nil
 }
@@ -141,6 +155,9 @@ func OpenPlan(b []byte) (*Plan, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	if err := p.Spec.Validate(); err != nil {
+		return nil, err
+	}
 	id, err := lpeer.Decode(p.Coordinator)
 	if err != nil {
 		return nil, fmt.Errorf("plan: coordinator id: %w", err)
@@ -154,4 +171,11 @@ func OpenPlan(b []byte) (*Plan, error) {
 		return nil, fmt.Errorf("%w (coordinator %s)", ErrPlanSignature, short(p.Coordinator))
 	}
 	return &p, nil
+}
+
+func short(id string) string {
+	if len(id) > 16 {
+		return id[:6] + "…" + id[len(id)-6:]
+	}
+	return id
 }
