@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -49,6 +50,13 @@ type writeEntry struct {
 // is written to a temporary file in the same directory, synced, then
 // renamed over path. The file is created mode 0600: weights are private.
 func Write(path string, tensors []Tensor, metadata map[string]string, opts ...WriteOption) error {
+	return writeAtomic(path, func(w *bufio.Writer) error { return Encode(w, tensors, metadata, opts...) })
+}
+
+// Encode writes tensors and metadata to w in the safetensors format, laid
+// out as Write lays out a file. It is how a stage's shard travels over the
+// network without touching disk.
+func Encode(w io.Writer, tensors []Tensor, metadata map[string]string, opts ...WriteOption) error {
 	cfg := writeConfig{dtype: F32}
 	for _, o := range opts {
 		if o == nil {
@@ -66,30 +74,28 @@ func Write(path string, tensors []Tensor, metadata map[string]string, opts ...Wr
 	if err != nil {
 		return err
 	}
-	return writeAtomic(path, func(w *bufio.Writer) error {
-		var prefix [prefixSize]byte
-		binary.LittleEndian.PutUint64(prefix[:], uint64(len(hdr)))
-		if _, err := w.Write(prefix[:]); err != nil {
-			return err
-		}
-		if _, err := w.Write(hdr); err != nil {
-			return err
-		}
-		size := int(cfg.dtype.Size())
-		buf := make([]byte, readChunk)
-		per := readChunk / size
-		for _, t := range sorted {
-			for i := 0; i < len(t.Data); i += per {
-				chunk := t.Data[i:min(i+per, len(t.Data))]
-				b := buf[:len(chunk)*size]
-				encode(cfg.dtype, chunk, b)
-				if _, err := w.Write(b); err != nil {
-					return err
-				}
+	var prefix [prefixSize]byte
+	binary.LittleEndian.PutUint64(prefix[:], uint64(len(hdr)))
+	if _, err := w.Write(prefix[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(hdr); err != nil {
+		return err
+	}
+	size := int(cfg.dtype.Size())
+	buf := make([]byte, readChunk)
+	per := readChunk / size
+	for _, t := range sorted {
+		for i := 0; i < len(t.Data); i += per {
+			chunk := t.Data[i:min(i+per, len(t.Data))]
+			b := buf[:len(chunk)*size]
+			encode(cfg.dtype, chunk, b)
+			if _, err := w.Write(b); err != nil {
+				return err
 			}
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // checkTensors validates names, shapes and data lengths and returns the
