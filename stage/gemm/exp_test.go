@@ -100,3 +100,37 @@ func TestTuneBlocking(t *testing.T) {
 		}
 	}
 }
+
+func bestTime(reps int, f func()) time.Duration {
+	best := time.Hour
+	for range reps {
+		s := time.Now()
+		f()
+		best = min(best, time.Since(s))
+	}
+	return best
+}
+
+// TestTunePack prints the best per-element packing time; GEMM_TUNE=1 only.
+func TestTunePack(t *testing.T) {
+	if os.Getenv("GEMM_TUNE") == "" {
+		t.Skip("GEMM_TUNE not set")
+	}
+	for _, kr := range testKernels() {
+		const rows, k = 144, 256
+		src := make([]float32, 1024*k)
+		dst := make([]float32, roundUp(rows, kr.mr)*k)
+		g := &args{m: rows, k: k, a: src, lda: k, n: 1024, b: src, ldb: k, transB: true}
+		d := bestTime(2000, func() { packA(dst, kr.mr, g, 0, rows, 0, k) })
+		fmt.Printf("packA %-12s %.3f ns/elem\n", kernelLabel(kr), float64(d.Nanoseconds())/float64(rows*k))
+		bdst := make([]float32, 1024*k)
+		d = bestTime(300, func() { packB(bdst, kr.nr, g, 0, k, 0, 1024, 0, 1024/kr.nr) })
+		fmt.Printf("packBT %-12s %.3f ns/elem\n", kernelLabel(kr), float64(d.Nanoseconds())/float64(1024*k))
+		g.transB = false
+		g.ldb = 1024
+		d = bestTime(300, func() { packB(bdst, kr.nr, g, 0, k, 0, 1024, 0, 1024/kr.nr) })
+		fmt.Printf("packB %-12s %.3f ns/elem\n", kernelLabel(kr), float64(d.Nanoseconds())/float64(1024*k))
+		g.transB = true
+		g.ldb = k
+	}
+}

@@ -20,3 +20,20 @@ func BenchmarkMicroKernel(b *testing.B) {
 }
 
 var kernelBenchK = 256
+
+// BenchmarkPack times packing a 144×256 block of A (the transposing
+// gather) and of Bᵀ, per element.
+func BenchmarkPack(b *testing.B) {
+	for _, kr := range kernels {
+		const rows, k = 144, 256
+		src := make([]float32, rows*k)
+		dst := make([]float32, roundUp(rows, kr.mr)*k)
+		g := &args{m: rows, k: k, a: src, lda: k}
+		b.Run("A/"+kr.name, func(b *testing.B) {
+			for b.Loop() {
+				packA(dst, kr.mr, g, 0, rows, 0, k)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*rows*k), "ns/elem")
+		})
+	}
+}
