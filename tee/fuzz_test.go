@@ -11,6 +11,11 @@ import (
 	"github.com/holopeer/holopeer/tee/internal/core"
 )
 
+// The verify targets run real signature checks (milliseconds each), so the
+// fuzzer's default 60 s minimisation of each new input dominates short runs:
+//
+//	go test ./tee -run '^$' -fuzz '^FuzzVerifyReport$' -fuzztime 30s -fuzzminimizetime 50x
+
 // FuzzVerifyEvidence feeds hostile wire bytes through the decoder and the
 // real verifiers (fake roots, sim allowed, so every provider's code runs).
 // Nothing may panic past the verifier, every rejection must carry exactly

@@ -330,3 +330,27 @@ func TestTeetestHelpers(t *testing.T) {
 		}
 	}
 }
+
+// One Verifier and one Attester per provider serve all election goroutines.
+func TestConcurrentUse(t *testing.T) {
+	w := newWorld(t)
+	p := w.policy
+	p.AllowSim = true
+	v := w.verifier(t, p)
+	errs := make(chan error, 12)
+	for i := 0; i < 12; i++ {
+		a := []tee.Attester{w.amd, w.intel, w.simAtt}[i%3]
+		go func() {
+			ev, err := a.Attest(context.Background(), w.expect)
+			if err == nil {
+				_, err = v.Verify(context.Background(), ev, w.expect)
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < 12; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
