@@ -35,7 +35,7 @@ func (s *Stage) blockForward(b *block, x, pos tensor.Buffer, sh tensor.AttnShape
 	c := s.cfg
 	be := s.be
 	d, kvd, f := c.Dim, c.KVDim(), c.FFNDim
-	eps, theta := float32(c.NormEps), float32(c.RopeTheta)
+	eps := float32(c.NormEps)
 	a := &blockActs{x: x, rstd1: s.alloc(n), rstd2: s.alloc(n)}
 
 	xn := s.alloc(n * d)
@@ -44,8 +44,8 @@ func (s *Stage) blockForward(b *block, x, pos tensor.Buffer, sh tensor.AttnShape
 	s.linear(a.q, xn, b.q, n, 0)
 	s.linear(a.k, xn, b.k, n, 0)
 	s.linear(a.v, xn, b.v, n, 0)
-	be.RoPE(a.q, pos, c.Heads, c.HeadDim(), theta, false)
-	be.RoPE(a.k, pos, c.KVHeads, c.HeadDim(), theta, false)
+	be.RoPE(a.q, pos, s.freq, c.Heads, c.HeadDim(), false)
+	be.RoPE(a.k, pos, s.freq, c.KVHeads, c.HeadDim(), false)
 	keys, values := a.k, a.v
 	if cache != nil {
 		past := sh.QOffset
@@ -81,7 +81,7 @@ func (s *Stage) blockBackward(b *block, a *blockActs, dh, pos tensor.Buffer, sh 
 	c := s.cfg
 	be := s.be
 	d, kvd, f := c.Dim, c.KVDim(), c.FFNDim
-	eps, theta := float32(c.NormEps), float32(c.RopeTheta)
+	eps := float32(c.NormEps)
 
 	// MLP branch: out = hmid + down(act).
 	act := s.alloc(n * f)
@@ -106,8 +106,8 @@ func (s *Stage) blockBackward(b *block, a *blockActs, dh, pos tensor.Buffer, sh 
 	dq, dk, dv := s.alloc(n*d), s.alloc(n*kvd), s.alloc(n*kvd)
 	be.AttentionBackward(dq, dk, dv, dattn, a.q, a.k, a.v, a.attn, a.lse, sh)
 	be.Free(dattn)
-	be.RoPE(dq, pos, c.Heads, c.HeadDim(), theta, true)
-	be.RoPE(dk, pos, c.KVHeads, c.HeadDim(), theta, true)
+	be.RoPE(dq, pos, s.freq, c.Heads, c.HeadDim(), true)
+	be.RoPE(dk, pos, s.freq, c.KVHeads, c.HeadDim(), true)
 	be.RMSNorm(xn, a.rstd1, a.x, b.attnNorm.Value, d, eps)
 	s.linearBackward(dxn, dq, xn, b.q, n, 0)
 	s.linearBackward(dxn, dk, xn, b.k, n, 1)

@@ -24,6 +24,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/holopeer/holopeer/stage/subspace"
 )
@@ -60,7 +61,21 @@ type Config struct {
 	InitStd       float64 `json:"init_std,omitempty" yaml:"init_std,omitempty"`             // initializer_range; 0 means DefaultInitStd
 	TieEmbeddings bool    `json:"tie_embeddings,omitempty" yaml:"tie_embeddings,omitempty"` // lm_head shares embed_tokens
 
+	// RopeScaling rescales the rotary frequencies (rope_scaling); the zero
+	// value means none.
+	RopeScaling RopeScaling `json:"rope_scaling,omitzero" yaml:"rope_scaling,omitempty"`
+
 	Subspace SubspaceConfig `json:"subspace,omitzero" yaml:"subspace,omitempty"`
+}
+
+// RopeScaling is transformers' rope_scaling. Only rope_type "llama3" (the
+// Llama 3.1+ checkpoints) is implemented.
+type RopeScaling struct {
+	Type                 string  `json:"rope_type" yaml:"rope_type"` // "llama3", or "" for none
+	Factor               float64 `json:"factor" yaml:"factor"`
+	LowFreqFactor        float64 `json:"low_freq_factor" yaml:"low_freq_factor"`
+	HighFreqFactor       float64 `json:"high_freq_factor" yaml:"high_freq_factor"`
+	OriginalMaxPositions int     `json:"original_max_position_embeddings" yaml:"original_max_position_embeddings"`
 }
 
 // SubspaceConfig turns on the subspace constraint (Protocol Models).
@@ -111,6 +126,18 @@ func (c Config) Validate() error {
 		return bad("NormEps %g must be positive (or 0 for %g)", c.NormEps, DefaultNormEps)
 	case c.InitStd < 0 || c.InitStd != c.InitStd:
 		return bad("InitStd %g must be positive (or 0 for %g)", c.InitStd, DefaultInitStd)
+	}
+	switch r := c.RopeScaling; r.Type {
+	case "":
+		if r != (RopeScaling{}) {
+			return bad("RopeScaling fields set without RopeScaling.Type")
+		}
+	case "llama3":
+		if !(r.Factor > 0) || !(r.LowFreqFactor > 0) || !(r.HighFreqFactor > r.LowFreqFactor) || r.OriginalMaxPositions <= 0 {
+			return bad("RopeScaling %+v: llama3 needs Factor > 0, 0 < LowFreqFactor < HighFreqFactor, OriginalMaxPositions > 0", r)
+		}
+	default:
+		return bad("RopeScaling.Type %q not supported (only llama3)", r.Type)
 	}
 	if s := c.Subspace; s.Rank != 0 {
 		switch {
@@ -171,4 +198,39 @@ func (c Config) ParamCount() int64 {
 		total += int64(p.size())
 	}
 	return total
+}
+
+// RopeInvFreq returns the HeadDim/2 rotary inverse frequencies, computed in
+// float32 in the order transformers computes them (default and "llama3"
+// rope types), so Hugging Face checkpoints rotate by the same angles.
+func RopeInvFreq(c Config) []float32 {
+	c = c.withDefaults()
+	hd := c.HeadDim()
+	base := float32(c.RopeTheta)
+	f := make([]float32, hd/2)
+	for i := range f {
+		e := float32(2*i) / float32(hd)
+		f[i] = 1 / float32(math.Pow(float64(base), float64(e)))
+	}
+	if r := c.RopeScaling; r.Type == "llama3" {
+		// _compute_llama3_parameters, one float32 operation at a time.
+		factor := float32(r.Factor)
+		old := float32(r.OriginalMaxPositions)
+		lowW := float32(float64(r.OriginalMaxPositions) / r.LowFreqFactor)
+		highW := float32(float64(r.OriginalMaxPositions) / r.HighFreqFactor)
+		span := float32(r.HighFreqFactor - r.LowFreqFactor)
+		for i, inv := range f {
+			wavelen := float32(2*math.Pi) / inv
+			scaled := inv
+			if wavelen > lowW {
+				scaled = inv / factor
+			}
+			if !(wavelen < highW) && !(wavelen > lowW) {
+				smooth := (old/wavelen - float32(r.LowFreqFactor)) / span
+				scaled = (1-smooth)*scaled/factor + smooth*scaled
+			}
+			f[i] = scaled
+		}
+	}
+	return f
 }

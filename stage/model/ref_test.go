@@ -105,8 +105,9 @@ func (r *refModel) block(i int, x []float64, pos []int32, batch, seq int) []floa
 		return tt.RefGemm(false, true, n, out, in, 1, x, w, 0, make([]float64, n*out))
 	}
 	xn, _ := tt.RefRMSNorm(x, w("input_layernorm.weight"), d, c.NormEps)
-	q := tt.RefRoPE(lin(xn, w("self_attn.q_proj.weight"), d, d), pos, c.Heads, hd, c.RopeTheta, false)
-	k := tt.RefRoPE(lin(xn, w("self_attn.k_proj.weight"), kvd, d), pos, c.KVHeads, hd, c.RopeTheta, false)
+	freq := tt.F64(model.RopeInvFreq(c)) // checked against transformers' formula in TestRopeInvFreq
+	q := tt.RefRoPE(lin(xn, w("self_attn.q_proj.weight"), d, d), pos, freq, c.Heads, hd, false)
+	k := tt.RefRoPE(lin(xn, w("self_attn.k_proj.weight"), kvd, d), pos, freq, c.KVHeads, hd, false)
 	v := lin(xn, w("self_attn.v_proj.weight"), kvd, d)
 	attn, _ := tt.RefAttention(q, k, v, tensor.AttnShape{
 		Batch: batch, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: hd, SeqQ: seq, SeqK: seq,

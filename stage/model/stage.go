@@ -95,6 +95,7 @@ type Stage struct {
 	be    tensor.Backend
 	basis *subspace.Basis // nil without the subspace constraint
 	u     tensor.Buffer   // U on the device, d×k
+	freq  tensor.Buffer   // rotary inverse frequencies, HeadDim/2
 
 	params []*Param
 	byName map[string]*Param
@@ -143,6 +144,8 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 		o.be = be
 	}
 	s := &Stage{cfg: cfg, span: span, be: o.be, byName: map[string]*Param{}, saved: map[int]*microbatch{}}
+	s.freq = s.be.Alloc(tensor.Float32, cfg.HeadDim()/2)
+	s.be.Upload(s.freq, RopeInvFreq(cfg))
 	if bc, ok := cfg.Basis(); ok {
 		b, err := subspace.New(bc)
 		if err != nil {
@@ -274,6 +277,7 @@ func (s *Stage) Close() {
 	if s.u != nil {
 		s.be.Free(s.u)
 	}
+	s.be.Free(s.freq)
 	s.params, s.byName = nil, nil
 }
 

@@ -167,9 +167,11 @@ type Backend interface {
 	// convention of transformers' Llama: for i < headDim/2,
 	//	x'[i]       = x[i]·cos − x[i+half]·sin
 	//	x'[i+half]  = x[i+half]·cos + x[i]·sin
-	// with angle pos·theta^(−2i/headDim). inverse rotates by −angle, which
-	// is also the backward of the forward rotation.
-	RoPE(x, pos Buffer, heads, headDim int, theta float32, inverse bool)
+	// with angle = float32(pos)·invFreq[i] rounded to float32 (invFreq:
+	// headDim/2 values, e.g. theta^(−2i/headDim), possibly rescaled as
+	// Llama 3 does). inverse rotates by −angle, which is also the backward
+	// of the forward rotation.
+	RoPE(x, pos, invFreq Buffer, heads, headDim int, inverse bool)
 
 	// SwiGLU sets out = silu(gate) ∘ up.
 	SwiGLU(out, gate, up Buffer)

@@ -28,7 +28,7 @@ type Backend struct {
 	workers int
 
 	ropeMu sync.Mutex
-	rope   map[ropeKey]*ropeTable
+	rope   map[string]*ropeTable // by the bits of the inverse frequencies
 }
 
 // Option configures a Backend.
@@ -42,7 +42,7 @@ func WithWorkers(n int) Option {
 
 // New returns a CPU backend.
 func New(opts ...Option) *Backend {
-	b := &Backend{workers: runtime.GOMAXPROCS(0), rope: map[ropeKey]*ropeTable{}}
+	b := &Backend{workers: runtime.GOMAXPROCS(0), rope: map[string]*ropeTable{}}
 	for _, o := range opts {
 		o(b)
 	}

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -72,29 +73,27 @@ func (be *Backend) RMSNormBackward(dx, dw, dy, x, w, rstd tensor.Buffer, dim int
 	})
 }
 
-// ropeKey names one table of rotary angles.
-type ropeKey struct {
-	theta   float32
-	headDim int
-}
-
-// ropeTable holds cos and sin for positions 0..len/half-1, row-major
+// ropeTable holds cos and sin for positions 0..len/half−1, row-major
 // [pos][half]. A table is never modified once published; growing it
 // replaces it.
 type ropeTable struct {
 	cos, sin []float32
 }
 
-// ropeAngles returns cos/sin tables covering positions up to maxPos.
-// inv_freq and the angle are rounded to float32 exactly where transformers'
-// LlamaRotaryEmbedding computes them in float32, so HF checkpoints see the
-// same rotation.
-func (be *Backend) ropeAngles(theta float32, headDim, maxPos int) *ropeTable {
-	key := ropeKey{theta, headDim}
+// ropeAngles returns cos/sin tables for invFreq covering positions up to
+// maxPos. The angle float32(pos)·invFreq is rounded to float32 before its
+// cosine is taken, exactly where transformers' LlamaRotaryEmbedding rounds.
+// Tables are cached by the frequencies' bits, so each model computes its
+// trigonometry once.
+func (be *Backend) ropeAngles(invFreq []float32, maxPos int) *ropeTable {
+	key := make([]byte, 0, 4*len(invFreq))
+	for _, f := range invFreq {
+		key = binary.LittleEndian.AppendUint32(key, math.Float32bits(f))
+	}
 	be.ropeMu.Lock()
 	defer be.ropeMu.Unlock()
-	half := headDim / 2
-	t := be.rope[key]
+	half := len(invFreq)
+	t := be.rope[string(key)]
 	if t != nil && len(t.cos)/half > maxPos {
 		return t
 	}
@@ -102,29 +101,26 @@ func (be *Backend) ropeAngles(theta float32, headDim, maxPos int) *ropeTable {
 	for n <= maxPos {
 		n *= 2
 	}
-	inv := make([]float32, half)
-	for i := range inv {
-		e := float32(2*i) / float32(headDim)
-		inv[i] = 1 / float32(math.Pow(float64(theta), float64(e)))
-	}
 	nt := &ropeTable{cos: make([]float32, n*half), sin: make([]float32, n*half)}
 	for p := 0; p < n; p++ {
-		for i, f := range inv {
+		for i, f := range invFreq {
 			a := float64(float32(p) * f)
 			nt.cos[p*half+i] = float32(math.Cos(a))
 			nt.sin[p*half+i] = float32(math.Sin(a))
 		}
 	}
-	be.rope[key] = nt
+	be.rope[string(key)] = nt
 	return nt
 }
 
 // RoPE implements tensor.Backend.
-func (be *Backend) RoPE(x, pos tensor.Buffer, heads, headDim int, theta float32, inverse bool) {
-	xf, ps := f32(x), i32(pos)
+func (be *Backend) RoPE(x, pos, invFreq tensor.Buffer, heads, headDim int, inverse bool) {
+	xf, ps, fr := f32(x), i32(pos), f32(invFreq)
 	if headDim <= 0 || headDim%2 != 0 {
 		panic(fmt.Sprintf("cpu: RoPE head dim %d must be even", headDim))
 	}
+	half := headDim / 2
+	mustLen("RoPE frequencies", len(fr), half)
 	width := heads * headDim
 	rows := mustRows("RoPE", len(xf), width)
 	mustLen("RoPE positions", len(ps), rows)
@@ -135,8 +131,7 @@ func (be *Backend) RoPE(x, pos tensor.Buffer, heads, headDim int, theta float32,
 		}
 		maxPos = max(maxPos, int(p))
 	}
-	t := be.ropeAngles(theta, headDim, maxPos)
-	half := headDim / 2
+	t := be.ropeAngles(fr, maxPos)
 	var sign float32 = 1
 	if inverse {
 		sign = -1

@@ -321,26 +321,38 @@ func caseRMSNorm(be tensor.Backend, r *rand.Rand) map[string]Result {
 func caseRoPE(be tensor.Backend, r *rand.Rand) map[string]Result {
 	const rows, heads, hd = 5, 3, 8
 	out := map[string]Result{}
-	for _, theta := range []float32{10000, 500000} {
+	scaled := RefInvFreq(500000, hd)
+	for i := 2; i < len(scaled); i++ { // low frequencies divided, as Llama 3 scaling does
+		scaled[i] /= 8
+	}
+	for _, c := range []struct {
+		tag  string
+		freq []float64
+	}{{"θ=1e4", RefInvFreq(10000, hd)}, {"θ=5e5", RefInvFreq(500000, hd)}, {"scaled", scaled}} {
+		tag, freq := c.tag, c.freq
+		f32 := make([]float32, len(freq))
+		for i, f := range freq {
+			f32[i] = float32(f)
+		}
+		freq = F64(f32) // both sides rotate by the same frequencies
 		x, dy := randF(r, rows*heads*hd, 1), randF(r, rows*heads*hd, 1)
 		pos := make([]int32, rows)
 		for i := range pos {
 			pos[i] = int32(r.IntN(60))
 		}
-		pb := upI(be, pos)
+		pb, fb := upI(be, pos), up(be, f32)
 		xb := up(be, x)
-		be.RoPE(xb, pb, heads, hd, theta, false)
+		be.RoPE(xb, pb, fb, heads, hd, false)
 		fwd := down(be, xb)
-		be.RoPE(xb, pb, heads, hd, theta, true)
+		be.RoPE(xb, pb, fb, heads, hd, true)
 		back := down(be, xb)
 		dyb := up(be, dy)
-		be.RoPE(dyb, pb, heads, hd, theta, true) // the backward of a rotation
+		be.RoPE(dyb, pb, fb, heads, hd, true) // the backward of a rotation
 		dy64 := F64(dy)
 		g := NumGrad(func(v []float64) float64 {
-			return Dot(dy64, RefRoPE(v, pos, heads, hd, float64(theta), false))
+			return Dot(dy64, RefRoPE(v, pos, freq, heads, hd, false))
 		}, F64(x), fdStep)
-		tag := fmt.Sprintf("θ=%g", theta)
-		out["fwd "+tag] = Result{fwd, RefRoPE(F64(x), pos, heads, hd, float64(theta), false), 1e-5}
+		out["fwd "+tag] = Result{fwd, RefRoPE(F64(x), pos, freq, heads, hd, false), 1e-5}
 		out["inv "+tag] = Result{back, F64(x), 1e-6}
 		out["dx "+tag] = Result{down(be, dyb), g, 1e-5}
 	}

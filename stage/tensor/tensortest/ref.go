@@ -54,9 +54,9 @@ func RefRMSNorm(x, w []float64, dim int, eps float64) (out, rstd []float64) {
 	return out, rstd
 }
 
-// RefRoPE rotates rows [heads·headDim] by pos·theta^(−2i/headDim) in the
+// RefRoPE rotates rows [heads·headDim] by pos·invFreq[i] in the
 // rotate-half layout of transformers' Llama (negative angle if inverse).
-func RefRoPE(x []float64, pos []int32, heads, headDim int, theta float64, inverse bool) []float64 {
+func RefRoPE(x []float64, pos []int32, invFreq []float64, heads, headDim int, inverse bool) []float64 {
 	out := append([]float64(nil), x...)
 	half := headDim / 2
 	width := heads * headDim
@@ -64,7 +64,7 @@ func RefRoPE(x []float64, pos []int32, heads, headDim int, theta float64, invers
 		for h := 0; h < heads; h++ {
 			v := out[r*width+h*headDim : r*width+(h+1)*headDim]
 			for i := 0; i < half; i++ {
-				ang := float64(p) * math.Pow(theta, -float64(2*i)/float64(headDim))
+				ang := float64(p) * invFreq[i]
 				if inverse {
 					ang = -ang
 				}
@@ -76,6 +76,16 @@ func RefRoPE(x []float64, pos []int32, heads, headDim int, theta float64, invers
 		}
 	}
 	return out
+}
+
+// RefInvFreq is theta^(−2i/headDim) for i < headDim/2, the unscaled rotary
+// frequencies.
+func RefInvFreq(theta float64, headDim int) []float64 {
+	f := make([]float64, headDim/2)
+	for i := range f {
+		f[i] = math.Pow(theta, -float64(2*i)/float64(headDim))
+	}
+	return f
 }
 
 // RefSwiGLU returns silu(gate)∘up.
