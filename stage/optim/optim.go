@@ -195,8 +195,10 @@ func ClipScale(sumSquares, maxNorm float64) float64 {
 // Schedule is linear warmup to Peak over Warmup steps, then cosine decay
 // to Min at step Total, then Min.
 type Schedule struct {
-	Peak, Min     float64
-	Warmup, Total int
+	Peak   float64 `json:"peak" yaml:"peak"`     // learning rate at the end of warmup
+	Min    float64 `json:"min" yaml:"min"`       // floor reached at Total
+	Warmup int     `json:"warmup" yaml:"warmup"` // steps of linear warmup
+	Total  int     `json:"total" yaml:"total"`   // step at which the cosine reaches Min
 }
 
 // Validate reports the first bad field.
