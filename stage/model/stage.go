@@ -495,7 +495,9 @@ func (s *Stage) Forward(mb int, in Input) (Output, error) {
 		run.free(s.be)
 	}
 	if err := s.be.Sync(); err != nil {
-		s.Drop(mb)
+		if m == modeTrain {
+			s.Drop(mb)
+		}
 		return Output{}, fmt.Errorf("model: forward on %s: %w", s.be.Name(), err)
 	}
 	return out, nil
