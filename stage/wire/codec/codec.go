@@ -149,9 +149,15 @@ type Codec interface {
 }
 
 // Params are what a codec needs besides its ID.
+//
+// Create one codec per job and share it between the job's links: a
+// subspace codec keeps a cache of E_fix rows.
 type Params struct {
 	Dim   int             // d_model; must equal Basis.Dim() for subspace codecs
 	Basis *subspace.Basis // required by subspace codecs, ignored by others
+	// EFixCacheBytes bounds the subspace codec's cache of E_fix rows; 0
+	// means DefaultEFixCacheBytes, negative turns the cache off.
+	EFixCacheBytes int
 }
 
 // MaxDim bounds d_model for every codec (the subspace package's bound).
@@ -174,7 +180,11 @@ func New(id ID, p Params) (Codec, error) {
 		if p.Basis.Dim() != p.Dim {
 			return nil, fmt.Errorf("codec %s: basis dim %d, want %d", id, p.Basis.Dim(), p.Dim)
 		}
-		return newSubspace(id, p.Basis), nil
+		cache := p.EFixCacheBytes
+		if cache == 0 {
+			cache = DefaultEFixCacheBytes
+		}
+		return newSubspace(id, p.Basis, cache), nil
 	}
 	return nil, fmt.Errorf("codec: unknown codec %s", id)
 }

@@ -3,6 +3,7 @@ package codec
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -516,4 +517,43 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkCodec measures encode+decode of a 512-token microbatch, forward
+// and backward, per codec and d_model; ns/token is the figure to compare
+// with a stage's compute per token.
+func BenchmarkCodec(b *testing.B) {
+	const n = 512
+	for _, dk := range [][2]int{{128, 32}, {1024, 40}, {4096, 40}} {
+		d, k := dk[0], dk[1]
+		basis := mustBasis(b, d, k, 50257)
+		r := rand.New(rand.NewPCG(1, 1))
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = r.IntN(50257)
+		}
+		h := make([]float32, n*d)
+		basis.Decode(randVec(r, n*k, 1), ids, h)
+		for _, id := range []ID{BF16, Int8Block, SubspaceBF16} {
+			c := mustCodec(b, id, d, basis)
+			b.Run(fmt.Sprintf("%s/d%d", id, d), func(b *testing.B) {
+				out := make([]float32, n*d)
+				gotIDs := make([]int, n)
+				var p []byte
+				for b.Loop() {
+					for _, dir := range []Direction{Forward, Backward} {
+						var err error
+						p, _, err = c.Encode(p[:0], dir, h, ids)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := c.Decode(p, dir, n, out, gotIDs); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/token")
+			})
+		}
+	}
 }

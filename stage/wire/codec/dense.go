@@ -62,6 +62,7 @@ func (c dense) Decode(src []byte, dir Direction, n int, x []float32, _ []int) er
 
 // putF32s writes x little-endian, refusing NaN and ±Inf.
 func putF32s(p []byte, x []float32) error {
+	p = p[:4*len(x)]
 	for i, v := range x {
 		b := math.Float32bits(v)
 		if b&0x7f80_0000 == 0x7f80_0000 {
@@ -73,6 +74,7 @@ func putF32s(p []byte, x []float32) error {
 }
 
 func getF32s(x []float32, p []byte) error {
+	p = p[:4*len(x)]
 	for i := range x {
 		b := binary.LittleEndian.Uint32(p[4*i:])
 		if b&0x7f80_0000 == 0x7f80_0000 {
@@ -84,6 +86,7 @@ func getF32s(x []float32, p []byte) error {
 }
 
 func putBF16s(p []byte, x []float32) error {
+	p = p[:2*len(x)]
 	for i, v := range x {
 		h, ok := ToBF16(v)
 		if !ok {
@@ -95,6 +98,7 @@ func putBF16s(p []byte, x []float32) error {
 }
 
 func getBF16s(x []float32, p []byte) error {
+	p = p[:2*len(x)]
 	for i := range x {
 		h := binary.LittleEndian.Uint16(p[2*i:])
 		if h&0x7f80 == 0x7f80 {

@@ -62,13 +62,14 @@ func (c int8Block) Encode(dst []byte, dir Direction, x []float32, _ []int) ([]by
 			}
 			scale := amax / 127
 			binary.LittleEndian.PutUint32(scales[4*b:], math.Float32bits(scale))
-			q := vals[b*Int8BlockSize:]
+			q := vals[b*Int8BlockSize : b*Int8BlockSize+len(blk)]
+			if scale == 0 {
+				clear(q)
+				continue
+			}
+			inv := 1 / float64(scale)
 			for i, v := range blk {
-				if scale == 0 {
-					q[i] = 0
-					continue
-				}
-				r := math.Round(float64(v) / float64(scale))
+				r := math.Round(float64(v) * inv)
 				q[i] = byte(int8(max(-127, min(127, r))))
 			}
 		}

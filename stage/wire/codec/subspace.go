@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/holopeer/holopeer/stage/gemm"
 	"github.com/holopeer/holopeer/stage/subspace"
 )
 
@@ -18,14 +19,15 @@ type subspaceCodec struct {
 	id      ID
 	b       *subspace.Basis
 	idWidth int // bytes per token id: 2 when the vocabulary fits, else 3
+	efix    *efixCache
 }
 
-func newSubspace(id ID, b *subspace.Basis) subspaceCodec {
+func newSubspace(id ID, b *subspace.Basis, cacheBytes int) subspaceCodec {
 	w := 2
 	if b.Config().Vocab > 1<<16 {
 		w = 3 // subspace.Config caps Vocab at 1<<24
 	}
-	return subspaceCodec{id: id, b: b, idWidth: w}
+	return subspaceCodec{id: id, b: b, idWidth: w, efix: newEFixCache(b, cacheBytes)}
 }
 
 func (c subspaceCodec) ID() ID                      { return c.id }
@@ -80,9 +82,10 @@ func (c subspaceCodec) Encode(dst []byte, dir Direction, x []float32, ids []int)
 		if err := c.checkIDs(ids); err != nil {
 			return dst, 0, err
 		}
-		residual = c.b.Encode(x, ids, coef)
+		residual = c.project(x, ids, coef)
 	} else {
-		c.b.ProjectGrad(x, n, coef)
+		// G·U: n×d times d×k.
+		gemm.Sgemm(false, false, n, k, d, 1, x, d, c.b.U(), k, 0, coef, k)
 	}
 	out, p := grow(dst, c.PayloadSize(dir, n))
 	if dir == Forward {
@@ -140,9 +143,11 @@ func (c subspaceCodec) Decode(src []byte, dir Direction, n int, x []float32, ids
 		return fmt.Errorf("subspace %s coefficients: %w", dir, err)
 	}
 	if dir == Forward {
-		c.b.Decode(coef, ids, x)
+		// H = E_fix[ids] + C·Uᵀ.
+		c.efix.fill(ids, x)
+		gemm.Sgemm(false, true, n, d, k, 1, coef, k, c.b.U(), k, 1, x, d)
 	} else {
-		c.b.LiftGrad(coef, n, x)
+		gemm.Sgemm(false, true, n, d, k, 1, coef, k, c.b.U(), k, 0, x, d)
 	}
 	// Finite but huge coefficients can still overflow C·Uᵀ.
 	for i, v := range x {
@@ -151,6 +156,34 @@ func (c subspaceCodec) Decode(src []byte, dir Direction, n int, x []float32, ids
 		}
 	}
 	return nil
+}
+
+// project writes C = (H − E_fix[ids])·U and returns the invariant residual
+// ‖(I−UUᵀ)(H−E)‖/‖H−E‖. It does with two GEMMs what subspace.Basis.Encode
+// does token by token (the same U and E_fix rows, so the same numbers up
+// to rounding), because a boundary encodes whole microbatches.
+func (c subspaceCodec) project(h []float32, ids []int, coef []float32) float64 {
+	d, k, n := c.b.Dim(), c.b.Rank(), len(ids)
+	dev := scratch.Get(n * d)
+	defer scratch.Put(dev)
+	c.efix.fill(ids, dev)
+	var total float64
+	for i, e := range dev {
+		v := h[i] - e
+		dev[i] = v
+		total += float64(v) * float64(v)
+	}
+	gemm.Sgemm(false, false, n, k, d, 1, dev, d, c.b.U(), k, 0, coef, k)
+	if total == 0 {
+		return 0
+	}
+	// dev −= C·Uᵀ leaves the part outside span(U).
+	gemm.Sgemm(false, true, n, d, k, -1, coef, k, c.b.U(), k, 1, dev, d)
+	var resid float64
+	for _, v := range dev {
+		resid += float64(v) * float64(v)
+	}
+	return math.Sqrt(resid / total)
 }
 
 func (c subspaceCodec) checkIDs(ids []int) error {
