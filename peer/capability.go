@@ -24,20 +24,21 @@ const MaxCapabilityBytes = 8 << 10
 type Capability struct {
 	PeerID       string    `json:"peer_id"`
 	Swarm        string    `json:"swarm"`
-	Seq          uint64    `json:"seq"`           // strictly increasing per node
-	IssuedAt     time.Time `json:"issued_at"`     // freshness hint, not trusted for ordering
-	Version      string    `json:"version"`       // holopeer version
-	Platform     string    `json:"platform"`      // GOOS/GOARCH
-	Backend      string    `json:"backend"`       // cpu | cuda | metal
-	CPUs         int       `json:"cpus"`          // cores it computes with
-	MemoryBytes  uint64    `json:"memory_bytes"`  // memory it lends to stages
-	GFLOPS       float64   `json:"gflops"`        // measured GEMM throughput of Backend
-	Hours        string    `json:"hours"`         // when it is on offer, e.g. "always" or "18:00-08:00"
-	TEE          string    `json:"tee"`           // snp | tdx | sim | none
-	CanAttest    bool      `json:"can_attest"`    // holds evidence a verifier may accept
-	Reachability string    `json:"reachability"`  // public | private | unknown
-	Relayed      bool      `json:"relayed"`       // reachable only through a relay: keep off pipeline links
-	APIAddr      string    `json:"api,omitempty"` // informational only
+	Seq          uint64    `json:"seq"`                   // strictly increasing per node
+	IssuedAt     time.Time `json:"issued_at"`             // freshness hint, not trusted for ordering
+	Version      string    `json:"version"`               // holopeer version
+	Platform     string    `json:"platform"`              // GOOS/GOARCH
+	Backend      string    `json:"backend"`               // cpu | cuda | metal
+	CPUs         int       `json:"cpus"`                  // cores it computes with
+	MemoryBytes  uint64    `json:"memory_bytes"`          // memory it lends to stages
+	GFLOPS       float64   `json:"gflops"`                // measured GEMM throughput of Backend
+	Hours        string    `json:"hours"`                 // when it is on offer, e.g. "always" or "18:00-08:00"
+	TEE          string    `json:"tee"`                   // snp | tdx | sim | none
+	CanAttest    bool      `json:"can_attest"`            // holds evidence a verifier may accept
+	Reachability string    `json:"reachability"`          // public | private | unknown
+	Relayed      bool      `json:"relayed"`               // reachable only through a relay: keep off pipeline links
+	NATMapping   string    `json:"nat_mapping,omitempty"` // endpoint-independent | endpoint-dependent | unknown; "" when not behind NAT
+	APIAddr      string    `json:"api,omitempty"`         // informational only
 }
 
 // Validate checks the fields a planner relies on.
@@ -58,6 +59,11 @@ func (c *Capability) Validate() error {
 	case "public", "private", "unknown":
 	default:
 		return fmt.Errorf("capability: reachability %q is not public, private or unknown", c.Reachability)
+	}
+	switch NATMapping(c.NATMapping) {
+	case "", MappingUnknown, MappingIndependent, MappingDependent:
+	default:
+		return fmt.Errorf("capability: nat_mapping %q is not endpoint-independent, endpoint-dependent or unknown", c.NATMapping)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -18,7 +19,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	lpeer "github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
+	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
@@ -27,12 +30,16 @@ import (
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 )
 
 // DHTPrefix is the protocol prefix of holopeer's private DHT
 // (/holopeer/kad/1.0.0). It keeps holopeer nodes out of the public IPFS DHT
 // and the public DHT out of ours.
 const DHTPrefix = "/holopeer"
+
+// dhtProtocol is the DHT protocol a node serves in server mode.
+const dhtProtocol protocol.ID = DHTPrefix + "/kad/1.0.0"
 
 // Version is reported in capability records; cmd/holopeer sets it.
 var Version = "dev"
@@ -53,35 +60,47 @@ const (
 // Member is a connected peer holding a valid capability record for our
 // swarm.
 type Member struct {
-	ID         lpeer.ID
-	Addrs      []ma.Multiaddr
-	Conn       ConnType
-	Capability Capability
-	Sealed     []byte // the signed record, to hand on
-	LastSeen   time.Time
+	ID    lpeer.ID
+	Addrs []ma.Multiaddr
+	Conn  ConnType
+	// RelayReason says why the connection is relayed rather than direct
+	// (empty when direct).
+	RelayReason string
+	Capability  Capability
+	Sealed      []byte // the signed record, to hand on
+	LastSeen    time.Time
 }
 
 // Host is a running holopeer node's network presence. Its methods are safe
 // for concurrent use.
 type Host struct {
 	// Static after New.
-	cfg      config
-	log      *slog.Logger
-	h        host.Host
-	kad      *dht.IpfsDHT
-	disc     *drouting.RoutingDiscovery
-	lock     *dirLock
-	instance instanceInfo
-	ctx      context.Context
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	sub      event.Subscription
+	cfg        config
+	log        *slog.Logger
+	h          host.Host
+	kad        *dht.IpfsDHT
+	disc       *drouting.RoutingDiscovery
+	lock       *dirLock
+	instance   instanceInfo
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	sub        event.Subscription
+	nat        *natState                 // NAT traversal record; see nat.go
+	lh         atomic.Pointer[host.Host] // h, for callbacks libp2p may run before New returns
+	reachOut   event.Emitter             // our reachability verdicts; see reachability.go
+	probeSlots chan struct{}             // probes being answered; see probe.go
+
+	// Wholly owned by the watchEvents goroutine.
+	connState map[lpeer.ID]network.Connectedness
 
 	// mu guards all following fields.
 	mu      sync.Mutex
 	members map[lpeer.ID]*Member
 	fetches map[lpeer.ID]bool // capability fetches in flight
 	reach   network.Reachability
+	decided bool // reach holds a verdict (not just the zero value)
+	mapping NATMapping
 	offer   Offer
 	seq     uint64
 	sealed  []byte
@@ -105,7 +124,9 @@ func New(ctx context.Context, opts ...Option) (_ *Host, err error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	n := &Host{cfg: cfg, log: cfg.log.With("component", "peer"), members: map[lpeer.ID]*Member{}, fetches: map[lpeer.ID]bool{}, offer: *cfg.offer}
+	n := &Host{cfg: cfg, log: cfg.log.With("component", "peer"), members: map[lpeer.ID]*Member{}, fetches: map[lpeer.ID]bool{}, offer: *cfg.offer,
+		nat: newNATState(cfg.log, cfg.relayLimit), connState: map[lpeer.ID]network.Connectedness{},
+		probeSlots: make(chan struct{}, maxProbesServed), mapping: MappingUnknown}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -130,14 +151,29 @@ func New(ctx context.Context, opts ...Option) (_ *Host, err error) {
 	if err := checkPortsFree(cfg.listen); err != nil {
 		return nil, err
 	}
-	if n.h, err = newLibp2pHost(n.cfg); err != nil {
+	if n.h, err = newLibp2pHost(n.cfg, n.natOptions()); err != nil {
 		return nil, err
 	}
+	n.lh.Store(&n.h)
 	n.h.SetStreamHandler(CapabilityProtocol, n.serveCapability)
 	n.h.SetStreamHandler(instanceProtocol, n.serveInstance)
 	n.h.SetStreamHandler(cloneCheckProtocol, n.serveCloneCheck)
+	n.h.SetStreamHandler(ProbeProtocol, n.serveProbe)
 
+	// Decide reachability before the DHT starts, so that a node presumed
+	// private never serves the DHT, not even for a moment.
+	if n.reachOut, err = n.h.EventBus().Emitter(new(event.EvtLocalReachabilityChanged), eventbus.Stateful); err != nil {
+		return nil, fmt.Errorf("event bus: %w", err)
+	}
+	n.reevaluate()
+
+	// The DHT follows our reachability events: server when public, client
+	// when private. Unknown (nothing NATed: a LAN or loopback) serves, so a
+	// swarm on one network still has DHT servers.
 	mode := dht.ModeAutoServer
+	if n.reachability() == network.ReachabilityPrivate {
+		mode = dht.ModeAuto // starts as a client
+	}
 	switch *cfg.dhtMode {
 	case DHTServer:
 		mode = dht.ModeServer
@@ -159,7 +195,11 @@ func New(ctx context.Context, opts ...Option) (_ *Host, err error) {
 	n.sub, err = n.h.EventBus().Subscribe([]any{
 		new(event.EvtPeerIdentificationCompleted),
 		new(event.EvtPeerConnectednessChanged),
-		new(event.EvtLocalReachabilityChanged),
+		new(event.EvtLocalAddressesUpdated),
+		new(event.EvtHostReachableAddrsChanged),
+		new(event.EvtAutoRelayAddrsUpdated),
+		new(event.EvtLocalProtocolsUpdated),
+		new(event.EvtNATDeviceTypeChanged),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("event bus: %w", err)
@@ -176,13 +216,14 @@ func New(ctx context.Context, opts ...Option) (_ *Host, err error) {
 	if err := n.kad.Bootstrap(n.ctx); err != nil {
 		return nil, fmt.Errorf("dht bootstrap: %w", err)
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.rendezvousLoop()
-	n.log.Info("node started", "peer", n.h.ID(), "swarm", cfg.swarm, "addrs", n.Addrs())
+	go n.directPathKeeper()
+	n.log.Info("node started", "peer", n.h.ID(), "swarm", cfg.swarm, "addrs", n.Addrs(), "reachability", reachString(n.reachability()), "dht", n.DHTMode())
 	return n, nil
 }
 
-func newLibp2pHost(cfg config) (host.Host, error) {
+func newLibp2pHost(cfg config, natOpts []libp2p.Option) (host.Host, error) {
 	cm, err := connmgr.NewConnManager(cfg.connLow, cfg.connHigh, connmgr.WithGracePeriod(time.Minute))
 	if err != nil {
 		return nil, fmt.Errorf("connection manager: %w", err)
@@ -216,6 +257,7 @@ func newLibp2pHost(cfg config) (host.Host, error) {
 		libp2p.UserAgent("holopeer/" + Version),
 		libp2p.DisableMetrics(), // the node exports its own metrics; many hosts may share a process in tests
 	}
+	opts = append(opts, natOpts...)
 	opts = append(opts, cfg.extra...)
 	h, err := libp2p.New(opts...)
 	if err != nil {
@@ -288,10 +330,12 @@ func (n *Host) Addrs() []ma.Multiaddr {
 
 // Reachability is what the node has learned about being dialable from
 // outside: public, private or unknown.
-func (n *Host) Reachability() string {
+func (n *Host) Reachability() string { return reachString(n.reachability()) }
+
+func (n *Host) reachability() network.Reachability {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return reachString(n.reach)
+	return n.reach
 }
 
 func reachString(r network.Reachability) string {
@@ -332,6 +376,7 @@ func (n *Host) Members() []Member {
 	}
 	n.mu.Unlock()
 	var out []Member
+	var ownMapping map[string]NATMapping
 	for _, id := range ids {
 		ct := n.ConnTypeTo(id)
 		if ct == "" {
@@ -349,6 +394,12 @@ func (n *Host) Members() []Member {
 		}
 		cp.Conn = ct
 		cp.Addrs = n.h.Peerstore().Addrs(id)
+		if ct == ConnRelayed {
+			if ownMapping == nil {
+				ownMapping = n.ownMapping()
+			}
+			cp.RelayReason = n.nat.relayReason(id, ownMapping, cp.Capability.NATMapping, n.havePunchAddr())
+		}
 		out = append(out, cp)
 	}
 	slices.SortFunc(out, func(a, b Member) int {
@@ -439,6 +490,12 @@ func (n *Host) reseal() {
 		Relayed:      n.reach == network.ReachabilityPrivate && n.onlyRelayAddrs(),
 		APIAddr:      o.APIAddr,
 	}
+	if n.reach == network.ReachabilityPrivate {
+		c.NATMapping = string(n.mapping)
+		if c.NATMapping == "" {
+			c.NATMapping = string(MappingUnknown)
+		}
+	}
 	if c.Backend == "" {
 		c.Backend = "cpu"
 	}
@@ -480,19 +537,159 @@ func (n *Host) watchEvents() {
 				if slices.Contains(ev.Protocols, CapabilityProtocol) {
 					n.fetchCapabilityAsync(ev.Peer)
 				}
-			case event.EvtPeerConnectednessChanged:
-				if ev.Connectedness == network.NotConnected {
-					n.log.Debug("peer disconnected", "peer", ev.Peer)
+				if n.recordObservation(ev) {
+					n.reevaluate()
 				}
-			case event.EvtLocalReachabilityChanged:
-				n.mu.Lock()
-				n.reach = ev.Reachability
-				n.mu.Unlock()
-				n.log.Info("reachability changed", "reachability", reachString(ev.Reachability))
-				n.reseal()
+			case event.EvtPeerConnectednessChanged:
+				n.logConnChange(ev)
+				if ev.Connectedness == network.Connected {
+					n.reevaluate() // a peer at a public address is evidence
+				}
+			case event.EvtLocalAddressesUpdated, event.EvtHostReachableAddrsChanged:
+				n.reevaluate()
+				n.reseal() // Relayed follows our addresses
+			case event.EvtAutoRelayAddrsUpdated:
+				if n.nat.setRelays(ev.RelayAddrs) {
+					n.nat.log.Info("relay reservations", "relays", relayIDs(ev.RelayAddrs), "addrs", len(ev.RelayAddrs))
+				}
+			case event.EvtLocalProtocolsUpdated:
+				if slices.Contains(ev.Added, dhtProtocol) {
+					n.nat.log.Info("DHT mode", "mode", "server")
+				}
+				if slices.Contains(ev.Removed, dhtProtocol) {
+					n.nat.log.Info("DHT mode", "mode", "client")
+				}
+			case event.EvtNATDeviceTypeChanged:
+				n.nat.log.Info("libp2p classified the NAT", "transport", ev.TransportProtocol.String(), "type", ev.NatDeviceType.String())
 			}
 		}
 	}
+}
+
+// logConnChange logs when a peer's connection becomes relayed or direct,
+// the facts an operator asks about first.
+func (n *Host) logConnChange(ev event.EvtPeerConnectednessChanged) {
+	prev := n.connState[ev.Peer]
+	switch ev.Connectedness {
+	case network.NotConnected:
+		delete(n.connState, ev.Peer)
+		n.log.Debug("peer disconnected", "peer", ev.Peer)
+		return
+	case network.Limited:
+		n.log.Info("peer connected through a relay", "peer", ev.Peer)
+	case network.Connected:
+		if prev == network.Limited {
+			n.log.Info("direct connection to a peer that was relayed", "peer", ev.Peer, "addr", n.directAddr(ev.Peer))
+		}
+	}
+	n.connState[ev.Peer] = ev.Connectedness
+}
+
+func (n *Host) directAddr(p lpeer.ID) string {
+	for _, c := range n.h.Network().ConnsToPeer(p) {
+		if !c.Stat().Limited && !isRelayAddr(c.RemoteMultiaddr()) {
+			return c.RemoteMultiaddr().String()
+		}
+	}
+	return ""
+}
+
+// recordObservation keeps identify's view of our address on a direct
+// connection. It reports whether the view is new evidence.
+func (n *Host) recordObservation(ev event.EvtPeerIdentificationCompleted) bool {
+	if ev.Conn == nil || ev.ObservedAddr == nil || ev.Conn.Stat().Limited || isRelayAddr(ev.Conn.RemoteMultiaddr()) {
+		return false
+	}
+	n.nat.observe(observation{Local: ev.Conn.LocalMultiaddr(), Observer: ev.Conn.RemoteMultiaddr(), Observed: ev.ObservedAddr, At: time.Now()})
+	m := overallMapping(n.ownMapping())
+	n.mu.Lock()
+	changed := m != n.mapping
+	n.mapping = m
+	n.mu.Unlock()
+	if changed {
+		n.nat.log.Info("NAT mapping", "mapping", m, "detail", mappingWords(n.ownMapping()))
+		n.reseal()
+	}
+	return true
+}
+
+func (n *Host) ownAddrs() []ma.Multiaddr {
+	own, _ := n.h.Network().InterfaceListenAddresses()
+	return own
+}
+
+func (n *Host) ownMapping() map[string]NATMapping { return n.nat.mapping(n.ownAddrs()) }
+
+// havePunchAddr reports whether we have a public address to hole-punch
+// from: one of our own, or one a peer observed.
+func (n *Host) havePunchAddr() bool {
+	if anyPublic(n.ownAddrs()) {
+		return true
+	}
+	for _, o := range n.nat.observations() {
+		if manet.IsPublicAddr(o.Observed) {
+			return true
+		}
+	}
+	return false
+}
+
+// evidence gathers what reachability is decided on (reachability.go).
+func (n *Host) evidence() reachEvidence {
+	e := reachEvidence{
+		Forced:    n.cfg.reachability,
+		Announced: n.cfg.announce,
+		Own:       n.ownAddrs(),
+		Mapped:    n.nat.ports.mapped(),
+		Observed:  n.nat.observations(),
+	}
+	if ch, ok := n.h.(interface {
+		ConfirmedAddrs() (reachable, unreachable, unknown []ma.Multiaddr)
+	}); ok {
+		e.Reachable, e.Unreachable, _ = ch.ConfirmedAddrs()
+	}
+	for _, ai := range n.cfg.bootstrap {
+		e.PublicPeers = e.PublicPeers || anyPublic(ai.Addrs)
+	}
+	if !e.PublicPeers {
+		for _, c := range n.h.Network().Conns() {
+			if !c.Stat().Limited && manet.IsPublicAddr(c.RemoteMultiaddr()) {
+				e.PublicPeers = true
+				break
+			}
+		}
+	}
+	return e
+}
+
+// reevaluate decides reachability again and, when it changed, tells
+// libp2p (relay service, auto-relay, DHT mode) and re-signs our record.
+func (n *Host) reevaluate() {
+	v := decideReachability(n.evidence())
+	n.mu.Lock()
+	changed := !n.decided || v.Reachability != n.reach
+	n.decided, n.reach = true, v.Reachability
+	n.mu.Unlock()
+	if n.nat.setVerdict(v) && !changed {
+		n.nat.log.Debug("reachability evidence", "reachability", reachString(v.Reachability), "reason", v.Reason)
+	}
+	if !changed {
+		return
+	}
+	n.nat.log.Info("reachability", "reachability", reachString(v.Reachability), "reason", v.Reason)
+	if err := n.reachOut.Emit(event.EvtLocalReachabilityChanged{Reachability: v.Reachability}); err != nil {
+		n.log.Warn("cannot announce reachability", "err", err)
+	}
+	n.reseal()
+}
+
+// DHTMode says whether the node serves the swarm's DHT now: "server" or
+// "client".
+func (n *Host) DHTMode() string {
+	if slices.Contains(n.h.Mux().Protocols(), dhtProtocol) {
+		return "server"
+	}
+	return "client"
 }
 
 // Close stops rendezvous, leaves the network and releases the data dir.
@@ -510,6 +707,9 @@ func (n *Host) Close() error {
 	}
 	if n.sub != nil {
 		n.sub.Close()
+	}
+	if n.reachOut != nil {
+		n.reachOut.Close()
 	}
 	var errs []error
 	if n.kad != nil {

@@ -123,11 +123,23 @@ func (n *Host) rendezvousRound() {
 		if ai.ID == n.h.ID() || ai.ID == "" {
 			continue
 		}
-		if n.h.Network().Connectedness(ai.ID) != network.Connected {
-			if len(ai.Addrs) > 0 {
-				n.h.Peerstore().AddAddrs(ai.ID, ai.Addrs, time.Hour)
+		if len(ai.Addrs) > 0 {
+			// Fresh addresses matter: a NATed member's relay address
+			// appears only after its reservation.
+			n.h.Peerstore().AddAddrs(ai.ID, ai.Addrs, time.Hour)
+		}
+		if c := n.h.Network().Connectedness(ai.ID); c != network.Connected && c != network.Limited {
+			if !n.relayDialReady() && !directDialable(n.h.Peerstore().Addrs(ai.ID)) {
+				// Reachable only through a relay, and we cannot hole-punch
+				// yet: a relayed connection opened now would never be
+				// upgraded (see direct.go). Next round.
+				continue
 			}
-			dctx, dcancel := context.WithTimeout(ctx, n.cfg.dialTO)
+			// A relayed connection is enough to meet: the NATed side then
+			// hole-punches it into a direct one (DCUtR), so dialing again
+			// for a direct path here would only wait on unreachable
+			// private addresses.
+			dctx, dcancel := context.WithTimeout(network.WithAllowLimitedConn(ctx, "rendezvous"), n.cfg.dialTO)
 			err := n.h.Connect(dctx, lpeer.AddrInfo{ID: ai.ID})
 			dcancel()
 			if err != nil {

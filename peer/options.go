@@ -8,7 +8,9 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/network"
 	lpeer "github.com/libp2p/go-libp2p/core/peer"
+	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	ma "github.com/multiformats/go-multiaddr"
 )
 
@@ -58,6 +60,14 @@ type config struct {
 	bootTO     time.Duration
 	extra      []libp2p.Option
 	set        map[string]bool
+
+	// NAT traversal (see nat.go and reachability.go).
+	reachability network.Reachability // forced; Unknown decides from evidence
+	relayService bool                 // serve as a relay when public
+	relayLimit   relayv2.RelayLimit
+	staticRelays []lpeer.AddrInfo
+	announce     []ma.Multiaddr
+	portMapping  bool
 }
 
 func (c *config) once(name string) error {
@@ -220,6 +230,111 @@ func WithBootstrapTimeout(d time.Duration) Option {
 	}
 }
 
+// Reachability is how the operator sets the node's reachability:
+// ReachabilityAuto (decide from evidence, the default), or force public or
+// private.
+type Reachability string
+
+const (
+	ReachabilityAuto    Reachability = "auto"
+	ReachabilityPublic  Reachability = "public"
+	ReachabilityPrivate Reachability = "private"
+)
+
+// ParseReachability accepts auto, public or private.
+func ParseReachability(s string) (Reachability, error) {
+	switch r := Reachability(s); r {
+	case ReachabilityAuto, ReachabilityPublic, ReachabilityPrivate:
+		return r, nil
+	}
+	return "", fmt.Errorf("reachability %q: use auto, public or private", s)
+}
+
+// WithReachability forces the node's reachability instead of deciding it
+// from what peers and AutoNAT report (default ReachabilityAuto).
+func WithReachability(r Reachability) Option {
+	return func(c *config) error {
+		if _, err := ParseReachability(string(r)); err != nil {
+			return fmt.Errorf("peer: %w", err)
+		}
+		if err := c.once("reachability"); err != nil {
+			return err
+		}
+		switch r {
+		case ReachabilityPublic:
+			c.reachability = network.ReachabilityPublic
+		case ReachabilityPrivate:
+			c.reachability = network.ReachabilityPrivate
+		}
+		return nil
+	}
+}
+
+// WithRelayService says whether the node serves as a circuit relay for
+// NATed peers while it is publicly reachable (default true).
+func WithRelayService(enabled bool) Option {
+	return func(c *config) error {
+		if err := c.once("relay-service"); err != nil {
+			return err
+		}
+		c.relayService = enabled
+		return nil
+	}
+}
+
+// WithRelayLimit bounds each connection the relay service carries: its
+// lifetime and the bytes it may carry in each direction (default
+// DefaultRelayLimit).
+func WithRelayLimit(d time.Duration, bytesPerDirection int64) Option {
+	return func(c *config) error {
+		if d < time.Second || bytesPerDirection < 64<<10 {
+			return fmt.Errorf("peer: relay limit %v / %d bytes is too small for hole punching (need ≥1s and ≥64 KiB)", d, bytesPerDirection)
+		}
+		if err := c.once("relay-limit"); err != nil {
+			return err
+		}
+		c.relayLimit = relayv2.RelayLimit{Duration: d, Data: bytesPerDirection}
+		return nil
+	}
+}
+
+// WithStaticRelays names relays a private node reserves slots on, ahead
+// of those it finds in the swarm. Each must carry a /p2p/ID component.
+func WithStaticRelays(relays ...lpeer.AddrInfo) Option {
+	return func(c *config) error {
+		if err := c.once("static-relays"); err != nil {
+			return err
+		}
+		c.staticRelays = relays
+		return nil
+	}
+}
+
+// WithAnnounce adds fixed addresses the node advertises besides those it
+// discovers, for an operator who forwarded a port by hand. A public
+// announced address makes the node public (see reachability.go).
+func WithAnnounce(addrs ...ma.Multiaddr) Option {
+	return func(c *config) error {
+		if err := c.once("announce"); err != nil {
+			return err
+		}
+		c.announce = addrs
+		return nil
+	}
+}
+
+// WithPortMapping says whether the node asks its router to forward a port
+// by UPnP or NAT-PMP (default true; never when it listens on loopback only).
+func WithPortMapping(enabled bool) Option {
+	return func(c *config) error {
+		if err := c.once("port-mapping"); err != nil {
+			return err
+		}
+		c.portMapping = enabled
+		return nil
+	}
+}
+
 // WithLibp2pOptions appends raw libp2p options. It exists for the NAT
 // traversal and test set-ups that need a knob this package does not name.
 func WithLibp2pOptions(opts ...libp2p.Option) Option {
@@ -263,6 +378,15 @@ func (c *config) applyDefaults() error {
 	}
 	if c.bootTO == 0 {
 		c.bootTO = 15 * time.Second
+	}
+	if !c.set["relay-service"] {
+		c.relayService = true
+	}
+	if !c.set["port-mapping"] {
+		c.portMapping = true
+	}
+	if !c.set["relay-limit"] {
+		c.relayLimit = DefaultRelayLimit
 	}
 	return nil
 }

@@ -1,0 +1,146 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	lpeer "github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// DCUtR hole-punches only when a relayed connection opens, and only if
+// both ends already speak /libp2p/dcutr, which go-libp2p registers once a
+// peer has observed one of our public addresses. A relayed connection that
+// opened a moment too early is never upgraded. Two rules close that gap:
+//
+//   - A private node does not dial a peer it can only reach through a
+//     relay until it speaks /libp2p/dcutr itself (relayDialReady).
+//   - The direct-path keeper re-opens a relayed connection that stayed
+//     relayed without a hole punch, or after a failed one, so that the
+//     other side punches again. Of two peers, only the one with the lower
+//     peer ID re-opens, so they never race; retries back off from
+//     keeperFirst to keeperMax, and a connection carrying streams is left
+//     alone.
+
+const (
+	keeperTick  = 2 * time.Second
+	keeperFirst = 8 * time.Second // let DCUtR's own first round finish
+	keeperMax   = 10 * time.Minute
+)
+
+// keeperState is the keeper's record of one relayed peer. Wholly owned by
+// the keeper goroutine.
+type keeperState struct {
+	since   time.Time // first seen relayed-only
+	nextTry time.Time
+	tries   int
+}
+
+// relayDialReady reports whether we may dial peers through a relay: we
+// punch holes already, or we are not private (then we need no punching).
+func (n *Host) relayDialReady() bool {
+	return n.reachability() != network.ReachabilityPrivate || n.speaksDCUtR()
+}
+
+func (n *Host) speaksDCUtR() bool {
+	return slices.Contains(n.h.Mux().Protocols(), holepunch.Protocol)
+}
+
+// directDialable reports whether addrs hold a public address that is not
+// a relay circuit.
+func directDialable(addrs []ma.Multiaddr) bool {
+	for _, a := range addrs {
+		if !isRelayAddr(a) && isPublicAddr(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func (n *Host) directPathKeeper() {
+	defer n.wg.Done()
+	state := map[lpeer.ID]*keeperState{}
+	t := time.NewTicker(keeperTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case now := <-t.C:
+			n.keepDirect(now, state)
+		}
+	}
+}
+
+func (n *Host) keepDirect(now time.Time, state map[lpeer.ID]*keeperState) {
+	relayed := map[lpeer.ID]bool{}
+	for _, p := range n.h.Network().Peers() {
+		if n.h.Network().Connectedness(p) == network.Limited {
+			relayed[p] = true
+		}
+	}
+	for p := range state {
+		if !relayed[p] {
+			delete(state, p)
+		}
+	}
+	if !n.speaksDCUtR() {
+		return
+	}
+	for p := range relayed {
+		st := state[p]
+		if st == nil {
+			st = &keeperState{since: now, nextTry: now.Add(keeperFirst)}
+			state[p] = st
+		}
+		if now.Before(st.nextTry) || bytes.Compare([]byte(n.h.ID()), []byte(p)) > 0 || n.nat.punchBusy(p, now) {
+			continue
+		}
+		st.tries++
+		st.nextTry = now.Add(min(keeperFirst<<st.tries, keeperMax))
+		n.reopenRelayed(p, st.tries)
+	}
+}
+
+// reopenRelayed closes our idle relayed connections to p and dials it
+// through a relay again, so p sees a fresh inbound relayed connection and
+// starts a hole punch.
+func (n *Host) reopenRelayed(p lpeer.ID, try int) {
+	conns := n.h.Network().ConnsToPeer(p)
+	for _, c := range conns {
+		if !c.Stat().Limited || len(c.GetStreams()) > 0 {
+			return // direct already, or busy: leave it be
+		}
+	}
+	n.nat.log.Info("relayed connection not upgraded; re-opening it so the peer hole-punches again", "peer", p, "try", try, "last", n.nat.lastPunchError(p))
+	for _, c := range conns {
+		c.Close()
+	}
+	ctx, cancel := context.WithTimeout(network.WithAllowLimitedConn(n.ctx, "re-open for hole punch"), n.cfg.dialTO)
+	defer cancel()
+	if err := n.h.Connect(ctx, lpeer.AddrInfo{ID: p}); err != nil {
+		n.nat.log.Info("cannot re-open relayed connection", "peer", p, "err", err)
+	}
+}
+
+// punchBusy reports whether a hole punch with p runs or ran moments ago
+// (DCUtR pauses briefly between its attempts).
+func (s *natState) punchBusy(p lpeer.ID, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sum := s.punches[p]
+	return sum != nil && (sum.active || now.Sub(sum.lastAt) < keeperFirst)
+}
+
+func (s *natState) lastPunchError(p lpeer.ID) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sum := s.punches[p]; sum != nil {
+		return sum.lastErr
+	}
+	return "none attempted"
+}
