@@ -8,6 +8,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	hpeer "github.com/holopeer/holopeer/peer"
 	"github.com/holopeer/holopeer/peer/api"
@@ -35,6 +36,16 @@ type upFlags struct {
 	memory    string
 	hours     string
 	logLevel  string
+
+	// NAT traversal.
+	relay        bool
+	relayAddrs   []string
+	portBase     int
+	announce     []string
+	portMapping  bool
+	reachability string
+
+	flags *pflag.FlagSet // to tell defaults from given flags
 }
 
 func (f *upFlags) register(cmd *cobra.Command) {
@@ -47,7 +58,44 @@ func (f *upFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.memory, "memory", "", "memory to lend to stages, e.g. 4GiB (default: half of this machine's)")
 	fl.StringVar(&f.hours, "hours", "always", "when this machine is on offer, e.g. always or 18:00-08:00")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.BoolVar(&f.relay, "relay", true, "relay connections for NATed peers while this node is publicly reachable (--relay=false refuses)")
+	fl.StringSliceVar(&f.relayAddrs, "relay-addr", nil, "multiaddrs (with /p2p/ID) of relays to reserve a slot on when behind NAT, besides those found in the swarm (comma-separated)")
+	fl.IntVar(&f.portBase, "port-base", 0, "listen on TCP and UDP (QUIC) port N of every interface, and serve the API on 127.0.0.1:N+1 unless --api is given; for ports forwarded by hand")
+	fl.StringSliceVar(&f.announce, "announce", nil, "fixed public multiaddrs to advertise besides the discovered ones, e.g. /ip4/203.0.113.7/tcp/7600 for a port forwarded by hand (comma-separated)")
+	fl.BoolVar(&f.portMapping, "port-mapping", true, "ask the home router to forward a port by UPnP or NAT-PMP")
+	fl.StringVar(&f.reachability, "reachability", "auto", "auto (decide from what peers observe), public or private")
+	f.flags = fl
 }
+
+// natOptions turns the NAT flags into host options.
+func (f *upFlags) natOptions() ([]hpeer.Option, error) {
+	relays, err := hpeer.ParseRelayAddrs(f.relayAddrs)
+	if err != nil {
+		return nil, fmt.Errorf("--relay-addr: %w", err)
+	}
+	announce, err := hpeer.ParseAnnounce(f.announce)
+	if err != nil {
+		return nil, fmt.Errorf("--announce: %w", err)
+	}
+	reach, err := hpeer.ParseReachability(f.reachability)
+	if err != nil {
+		return nil, fmt.Errorf("--%w", err)
+	}
+	opts := []hpeer.Option{
+		hpeer.WithRelayService(f.relay),
+		hpeer.WithPortMapping(f.portMapping),
+		hpeer.WithReachability(reach),
+	}
+	if len(relays) > 0 {
+		opts = append(opts, hpeer.WithStaticRelays(relays...))
+	}
+	if len(announce) > 0 {
+		opts = append(opts, hpeer.WithAnnounce(announce...))
+	}
+	return opts, nil
+}
+
+func (f *upFlags) changed(name string) bool { return f.flags != nil && f.flags.Changed(name) }
 
 // config turns the flags into a node config, with one clear error per bad
 // flag.
@@ -57,6 +105,22 @@ func (f *upFlags) config() (node.Config, error) {
 		return node.Config{}, err
 	}
 	listen, err := hpeer.ParseListen(f.listen)
+	if err != nil {
+		return node.Config{}, err
+	}
+	apiAddr := f.api
+	if f.portBase != 0 {
+		if f.changed("listen") {
+			return node.Config{}, fmt.Errorf("--port-base and --listen both choose listen addresses; give one of them")
+		}
+		if listen, err = hpeer.PortBaseListen(f.portBase); err != nil {
+			return node.Config{}, fmt.Errorf("--port-base: %w", err)
+		}
+		if !f.changed("api") {
+			apiAddr = fmt.Sprintf("127.0.0.1:%d", f.portBase+1)
+		}
+	}
+	natOpts, err := f.natOptions()
 	if err != nil {
 		return node.Config{}, err
 	}
@@ -80,9 +144,10 @@ func (f *upFlags) config() (node.Config, error) {
 		Swarm:     f.swarm,
 		Listen:    listen,
 		Bootstrap: boot,
-		API:       f.api,
+		API:       apiAddr,
 		Logger:    log,
 		Offer:     hpeer.Offer{MemoryBytes: mem, Hours: f.hours},
+		PeerOpts:  natOpts,
 	}, nil
 }
 
@@ -97,10 +162,19 @@ finds the other members of --swarm by rendezvous, and serves a control API on
 --api for 'holopeer status'. It runs until SIGINT or SIGTERM.
 
 The first node of a swarm needs no --bootstrap; it prints addresses that the
-next nodes pass to --bootstrap.`,
+next nodes pass to --bootstrap.
+
+Behind a home router no open port is needed: the node learns it is private
+from how its peers see it, reserves a slot on a relay (a public member of the
+swarm, or --relay-addr), and upgrades relayed connections to direct ones by
+hole punching. 'holopeer status' says, per peer, whether the connection is
+direct or relayed and why. A publicly reachable node relays for others unless
+--relay=false. Operators who forward a port by hand use --port-base and
+--announce.`,
 		Example: `  holopeer up --swarm lab --listen /ip4/0.0.0.0/tcp/7600
   holopeer up --swarm lab --data-dir ~/.holopeer-2 --listen /ip4/0.0.0.0/tcp/7610 \
-      --api 127.0.0.1:7611 --bootstrap /ip4/192.168.1.10/tcp/7600/p2p/12D3KooW…`,
+      --api 127.0.0.1:7611 --bootstrap /ip4/192.168.1.10/tcp/7600/p2p/12D3KooW…
+  holopeer up --swarm lab --port-base 7600 --announce /ip4/203.0.113.7/tcp/7600 --relay=false`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config()

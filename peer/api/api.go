@@ -4,6 +4,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,7 +26,8 @@ type Status struct {
 	Swarm        string       `json:"swarm"`
 	Version      string       `json:"version"`
 	Addrs        []string     `json:"addrs"`
-	Reachability string       `json:"reachability"` // public | private | unknown
+	Reachability string       `json:"reachability"`       // public | private | unknown
+	DHTMode      string       `json:"dht_mode,omitempty"` // server | client
 	Backend      string       `json:"backend"`
 	TEE          string       `json:"tee"`
 	Peers        []PeerStatus `json:"peers"`
@@ -46,6 +48,8 @@ type PeerStatus struct {
 	TEE          string   `json:"tee,omitempty"`
 	Reachability string   `json:"reachability,omitempty"`
 	Relayed      bool     `json:"relayed,omitempty"`
+	NATMapping   string   `json:"nat_mapping,omitempty"`  // the peer's own NAT, from its record
+	RelayReason  string   `json:"relay_reason,omitempty"` // why conn is relayed, not direct
 }
 
 // Coordinator is the coordinator this node follows.
@@ -59,18 +63,68 @@ type Coordinator struct {
 
 // NATStatus reports what the node knows about its own connectivity.
 type NATStatus struct {
-	Relays     []string         `json:"relays,omitempty"`
-	HolePunch  []HolePunchEvent `json:"hole_punch,omitempty"`
-	PortMapped []string         `json:"port_mapped,omitempty"`
+	ReachabilityReason string            `json:"reachability_reason"`   // the evidence behind reachability
+	Mapping            map[string]string `json:"mapping,omitempty"`     // per transport: endpoint-independent | endpoint-dependent | unknown
+	Observed           []ObservedAddr    `json:"observed,omitempty"`    // how peers see this node
+	Relays             []string          `json:"relays,omitempty"`      // relay (circuit) addresses: reservations held
+	RelayService       RelayService      `json:"relay_service"`         // this node as a relay
+	HolePunch          []HolePunchEvent  `json:"hole_punch,omitempty"`  // latest first
+	PortMapped         []string          `json:"port_mapped,omitempty"` // UPnP/NAT-PMP mappings granted
+	DHTPeers           []string          `json:"dht_peers,omitempty"`   // the DHT routing table
 }
 
-// HolePunchEvent is one hole-punch attempt and its outcome.
+// ObservedAddr is how one peer sees this node.
+type ObservedAddr struct {
+	Observer string    `json:"observer"`
+	Observed string    `json:"observed"`
+	Local    string    `json:"local"`
+	At       time.Time `json:"at"`
+}
+
+// RelayService counts what the node's circuit relay service did.
+type RelayService struct {
+	Enabled        bool   `json:"enabled"`
+	Refused        bool   `json:"refused,omitempty"` // --relay=false
+	Reservations   int64  `json:"reservations"`
+	CircuitsOpen   int64  `json:"circuits_open"`
+	CircuitsTotal  uint64 `json:"circuits_total"`
+	CircuitsDenied uint64 `json:"circuits_denied,omitempty"`
+	BytesRelayed   uint64 `json:"bytes_relayed"`
+	LimitBytes     int64  `json:"limit_bytes"`    // per relayed connection and direction
+	LimitDuration  string `json:"limit_duration"` // per relayed connection
+}
+
+// HolePunchEvent is one hole-punch step and its outcome.
 type HolePunchEvent struct {
 	Peer    string    `json:"peer"`
 	At      time.Time `json:"at"`
+	Kind    string    `json:"kind"`              // attempt | direct-dial | protocol-error
+	Attempt int       `json:"attempt,omitempty"` // failures in a row with this peer
 	Success bool      `json:"success"`
 	Error   string    `json:"error,omitempty"`
 	Elapsed string    `json:"elapsed,omitempty"`
+	Addrs   []string  `json:"addrs,omitempty"` // where it punched to
+}
+
+// ProbeRequest asks the node to send a payload to a peer and check it
+// arrived intact (POST /v1/probe).
+type ProbeRequest struct {
+	Peer       string `json:"peer"`
+	Bytes      int64  `json:"bytes"`                 // default 16 MiB
+	DirectOnly bool   `json:"direct_only,omitempty"` // never cross a relay
+	Timeout    string `json:"timeout,omitempty"`     // Go duration; default 2m
+}
+
+// ProbeResult is what a probe measured.
+type ProbeResult struct {
+	Peer       string  `json:"peer"`
+	Bytes      int64   `json:"bytes"`
+	SHA256     string  `json:"sha256"`
+	Elapsed    string  `json:"elapsed"`
+	Seconds    float64 `json:"seconds"`
+	MiBps      float64 `json:"mib_per_s"`
+	Conn       string  `json:"conn"` // direct | relayed
+	RemoteAddr string  `json:"remote_addr"`
 }
 
 // Server serves the control API. Routes beyond /v1/status are added with
@@ -157,6 +211,58 @@ func (c Client) Status(ctx context.Context) (Status, error) {
 	return st, err
 }
 
+// Probe asks the node to probe a peer (POST /v1/probe). The HTTP timeout
+// follows the probe's own.
+func (c Client) Probe(ctx context.Context, req ProbeRequest) (ProbeResult, error) {
+	var res ProbeResult
+	err := c.PostJSON(ctx, "/v1/probe", req, &res)
+	return res, err
+}
+
+// PostJSON posts in as JSON to path and decodes the JSON reply into out.
+func (c Client) PostJSON(ctx context.Context, path string, in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = &http.Client{} // bounded by ctx: a probe may take minutes
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.Addr+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the node's control API at %s (is `holopeer up` running with --api %s?): %w", c.Addr, c.Addr, err)
+	}
+	defer resp.Body.Close()
+	return decodeReply(resp, path, out)
+}
+
+// ErrorReply is the body of a failed API call.
+type ErrorReply struct {
+	Error string `json:"error"`
+}
+
+func decodeReply(resp *http.Response, path string, v any) error {
+	body := io.LimitReader(resp.Body, 16<<20)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(body, 4096))
+		var e ErrorReply
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return fmt.Errorf("%s", e.Error)
+		}
+		return fmt.Errorf("control API %s: %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if err := json.NewDecoder(body).Decode(v); err != nil {
+		return fmt.Errorf("control API %s: bad JSON: %w", path, err)
+	}
+	return nil
+}
+
 // GetJSON fetches path and decodes the JSON body into v (at most 16 MiB).
 func (c Client) GetJSON(ctx context.Context, path string, v any) error {
 	hc := c.HTTP
@@ -172,13 +278,5 @@ func (c Client) GetJSON(ctx context.Context, path string, v any) error {
 		return fmt.Errorf("cannot reach the node's control API at %s (is `holopeer up` running with --api %s?): %w", c.Addr, c.Addr, err)
 	}
 	defer resp.Body.Close()
-	body := io.LimitReader(resp.Body, 16<<20)
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(body, 512))
-		return fmt.Errorf("control API %s: %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
-	}
-	if err := json.NewDecoder(body).Decode(v); err != nil {
-		return fmt.Errorf("control API %s: bad JSON: %w", path, err)
-	}
-	return nil
+	return decodeReply(resp, path, v)
 }

@@ -6,9 +6,11 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"runtime"
 	"sync"
 	"time"
@@ -107,6 +109,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if cfg.API != "off" {
 		n.api = api.NewServer(n.Status, cfg.Logger)
+		n.api.Handle("POST /v1/probe", http.HandlerFunc(n.serveProbe))
 		if err := n.api.Start(cfg.API); err != nil {
 			return nil, err
 		}
@@ -134,6 +137,7 @@ func (n *Node) Status() api.Status {
 		Swarm:        h.Swarm(),
 		Version:      hpeer.Version,
 		Reachability: h.Reachability(),
+		DHTMode:      h.DHTMode(),
 		Backend:      capab.Backend,
 		TEE:          capab.TEE,
 		Peers:        []api.PeerStatus{},
@@ -152,16 +156,84 @@ func (n *Node) Status() api.Status {
 			TEE:          m.Capability.TEE,
 			Reachability: m.Capability.Reachability,
 			Relayed:      m.Capability.Relayed,
+			NATMapping:   m.Capability.NATMapping,
+			RelayReason:  m.RelayReason,
 		}
 		for _, a := range m.Addrs {
 			ps.Addrs = append(ps.Addrs, a.String())
 		}
 		st.Peers = append(st.Peers, ps)
 	}
+	st.NAT = natStatus(h.NAT())
 	n.mu.Lock()
 	st.Warnings = append(st.Warnings, n.warnings...)
 	n.mu.Unlock()
 	return st
+}
+
+func natStatus(info hpeer.NATInfo) *api.NATStatus {
+	rs := info.RelayService
+	st := &api.NATStatus{
+		ReachabilityReason: info.Reason,
+		Relays:             info.Relays,
+		PortMapped:         info.PortMapped,
+		RelayService: api.RelayService{
+			Enabled: rs.Enabled, Refused: rs.Refused, Reservations: rs.Reservations,
+			CircuitsOpen: rs.CircuitsOpen, CircuitsTotal: rs.CircuitsTotal, CircuitsDenied: rs.CircuitsDenied,
+			BytesRelayed: rs.BytesRelayed, LimitBytes: rs.LimitBytes, LimitDuration: rs.LimitDuration.String(),
+		},
+	}
+	if len(info.Mapping) > 0 {
+		st.Mapping = map[string]string{}
+		for tr, m := range info.Mapping {
+			st.Mapping[tr] = string(m)
+		}
+	}
+	for _, o := range info.Observed {
+		st.Observed = append(st.Observed, api.ObservedAddr{Observer: o.Observer, Observed: o.Observed, Local: o.Local, At: o.At})
+	}
+	for _, e := range info.HolePunches {
+		ev := api.HolePunchEvent{Peer: e.Peer.String(), At: e.At, Kind: e.Kind, Attempt: e.Attempt, Success: e.Success, Error: e.Error, Addrs: e.Addrs}
+		if e.Elapsed > 0 {
+			ev.Elapsed = e.Elapsed.Round(time.Millisecond).String()
+		}
+		st.HolePunch = append(st.HolePunch, ev)
+	}
+	for _, p := range info.DHTPeers {
+		st.DHTPeers = append(st.DHTPeers, p.String())
+	}
+	return st
+}
+
+// serveProbe runs a connectivity probe to a peer (POST /v1/probe).
+func (n *Node) serveProbe(w http.ResponseWriter, r *http.Request) {
+	var req api.ProbeRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10)).Decode(&req); err != nil {
+		api.WriteJSON(w, http.StatusBadRequest, api.ErrorReply{Error: "probe request: " + err.Error()})
+		return
+	}
+	p, err := lpeer.Decode(req.Peer)
+	if err != nil {
+		api.WriteJSON(w, http.StatusBadRequest, api.ErrorReply{Error: fmt.Sprintf("probe: peer %q is not a peer id: %v", req.Peer, err)})
+		return
+	}
+	opts := hpeer.ProbeOptions{Bytes: req.Bytes, DirectOnly: req.DirectOnly}
+	if req.Timeout != "" {
+		if opts.Timeout, err = time.ParseDuration(req.Timeout); err != nil || opts.Timeout <= 0 {
+			api.WriteJSON(w, http.StatusBadRequest, api.ErrorReply{Error: fmt.Sprintf("probe: timeout %q is not a positive duration such as 30s", req.Timeout)})
+			return
+		}
+	}
+	res, err := n.host.Probe(r.Context(), p, opts)
+	if err != nil {
+		api.WriteJSON(w, http.StatusBadGateway, api.ErrorReply{Error: err.Error()})
+		return
+	}
+	api.WriteJSON(w, http.StatusOK, api.ProbeResult{
+		Peer: res.Peer.String(), Bytes: res.Bytes, SHA256: res.SHA256,
+		Elapsed: res.Elapsed.Round(time.Millisecond).String(), Seconds: res.Elapsed.Seconds(), MiBps: res.MiBps(),
+		Conn: string(res.Conn), RemoteAddr: res.RemoteAddr,
+	})
 }
 
 // Close stops the node: the API first (so no one reads a half-closed
