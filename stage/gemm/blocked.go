@@ -132,17 +132,7 @@ func (j *job) compute(abuf, tmp []float32, ib, jc, ncur, p0, p1, pc, kcur int, b
 			}
 			// Edge tile: compute the whole tile into tmp, copy the valid part.
 			kr.run(kcur, ap, bp, &tmp[0], nr, g.alpha, 0)
-			for r := 0; r < mrCur; r++ {
-				src := tmp[r*nr : r*nr+nrCur]
-				dst := g.c[(row+r)*g.ldc+col : (row+r)*g.ldc+col+nrCur]
-				if beta == 0 {
-					copy(dst, src)
-					continue
-				}
-				for x, v := range src {
-					dst[x] = v + beta*dst[x]
-				}
-			}
+			mergeTile(g, tmp, nr, row, col, mrCur, nrCur, beta)
 		}
 	}
 }

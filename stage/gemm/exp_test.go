@@ -134,3 +134,36 @@ func TestTunePack(t *testing.T) {
 		g.ldb = k
 	}
 }
+
+// TestTuneShapes compares Sgemm with gonum on model-like shapes, best of
+// several runs each; GEMM_TUNE=1 only.
+func TestTuneShapes(t *testing.T) {
+	if os.Getenv("GEMM_TUNE") == "" {
+		t.Skip("GEMM_TUNE not set")
+	}
+	for _, s := range [][3]int{{1, 4096, 1024}, {1, 1024, 4096}, {4, 4096, 1024}, {64, 8, 256}, {64, 256, 64}, {256, 256, 256}, {2048, 512, 64}, {1024, 1024, 1024}} {
+		m, n, k := s[0], s[1], s[2]
+		a, b, c := make([]float32, m*k), make([]float32, k*n), make([]float32, m*n)
+		for i := range a {
+			a[i] = float32(i%7) - 3.5
+		}
+		for i := range b {
+			b[i] = float32(i%5) - 2.5
+		}
+		for tr := range 4 {
+			tA, tB := tr&1 != 0, tr&2 != 0
+			lda, ldb := k, n
+			if tA {
+				lda = m
+			}
+			if tB {
+				ldb = k
+			}
+			reps := max(3, min(200, 1<<28/(m*n*k)))
+			ours := bestTime(reps, func() { Sgemm(tA, tB, m, n, k, 1, a, lda, b, ldb, 0, c, n) })
+			gon := bestTime(max(2, reps/4), func() { GonumSgemm(tA, tB, m, n, k, 1, a, lda, b, ldb, 0, c, n) })
+			gf := func(d time.Duration) float64 { return 2 * float64(m*n*k) / d.Seconds() / 1e9 }
+			fmt.Printf("%4dx%4dx%4d tA=%-5v tB=%-5v ours %6.1f gonum %6.1f GFLOP/s (%.1fx)\n", m, n, k, tA, tB, gf(ours), gf(gon), gf(ours)/gf(gon))
+		}
+	}
+}

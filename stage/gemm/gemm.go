@@ -53,6 +53,10 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 		return
 	}
 	kr := activeKernel()
+	if g.m <= kr.mr && !g.transB && kr.runB != nil {
+		rowPanel(kr, threadsFor(kr, &g), &g)
+		return
+	}
 	blocked(kr, threadsFor(kr, &g), &g)
 }
 

@@ -177,7 +177,9 @@ func TestSgemmEveryKernel(t *testing.T) {
 // TestSgemmModelShapes covers the shapes the transformer stages use, with
 // each kernel's real blocking and every transpose.
 func TestSgemmModelShapes(t *testing.T) {
-	shapes := [][3]int{{64, 8, 256}, {64, 256, 8}, {128, 96, 64}, {1, 300, 70}, {300, 1, 70}, {100, 100, 1}, {97, 130, 600}}
+	// m ≤ mr with B not transposed takes the row-panel path: {1,1000,700}
+	// and {6,530,600} cross its k blocks, column chunks and partial panel.
+	shapes := [][3]int{{64, 8, 256}, {64, 256, 8}, {128, 96, 64}, {1, 300, 70}, {300, 1, 70}, {100, 100, 1}, {97, 130, 600}, {1, 1000, 700}, {6, 530, 600}, {14, 530, 300}}
 	for _, kr := range testKernels() {
 		t.Run(kernelLabel(kr), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(2, 0))
@@ -272,6 +274,18 @@ func TestKernelsPassSelfCheck(t *testing.T) {
 	}
 	if kernelWorks(&broken) {
 		t.Error("self-check accepted a kernel that drops a k step")
+	}
+	for _, kr := range kernels {
+		if kr.runB == nil {
+			continue
+		}
+		broken := *kr
+		broken.runB = func(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int) {
+			kr.runB(k, a, b, c, ldc, alpha, beta, ldb+1) // wrong row stride
+		}
+		if kernelWorks(&broken) {
+			t.Errorf("self-check accepted %s with a wrong B stride", kr.name)
+		}
 	}
 	if Kernel() == "" {
 		t.Error("Kernel() is empty")

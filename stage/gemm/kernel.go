@@ -20,6 +20,10 @@ type microKernel struct {
 	// at once (kept in L2) and the columns of B packed at once (kept in L3).
 	kc, mc, nc int
 	run        func(k int, a, b, c *float32, ldc int, alpha, beta float32)
+	// runB, where not nil, is run reading B in place: row q of the k×nr
+	// panel is at b + q·ldb. Sgemm uses it when op(A) has at most mr rows,
+	// where B would be packed only to be read once.
+	runB func(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int)
 }
 
 // kernels lists the kernels this machine can run, fastest first; the
@@ -58,24 +62,17 @@ func kernelWorks(kr *microKernel) bool {
 	for i := range b {
 		b[i] = float32(i%7 - 3)
 	}
-	want := func(r, c int, alpha, beta, old float32) float32 {
-		var s float32
-		for p := 0; p < k; p++ {
-			s += a[p*mr+r] * b[p*nr+c]
-		}
-		return alpha*s + beta*old
-	}
 	nan := float32(math.NaN())
-	c := make([]float32, mr*ldc)
-	for _, beta := range []float32{0, 0.5} {
-		for i := range c {
-			c[i] = float32(i % 3)
-			if beta == 0 {
-				c[i] = nan
-			}
-		}
-		old := slices.Clone(c)
-		kr.run(k, &a[0], &b[0], &c[0], ldc, 2, beta)
+	// The same B panel inside a wider row-major matrix, for runB; the
+	// column past the panel is NaN and must not be read.
+	ldb := nr + 5
+	wide := make([]float32, k*ldb)
+	for q := 0; q < k; q++ {
+		copy(wide[q*ldb:], b[q*nr:(q+1)*nr])
+		wide[q*ldb+nr] = nan
+	}
+	// matches checks c, which held old before the kernel ran.
+	matches := func(c, old []float32, beta float32) bool {
 		for r := 0; r < mr; r++ {
 			for x := 0; x < ldc; x++ {
 				got := c[r*ldc+x]
@@ -86,13 +83,39 @@ func kernelWorks(kr *microKernel) bool {
 					}
 					continue
 				}
-				o := old[r*ldc+x]
-				if beta == 0 {
-					o = 0
+				var s float32
+				for p := 0; p < k; p++ {
+					s += a[p*mr+r] * b[p*nr+x]
 				}
-				if got != want(r, x, 2, beta, o) {
+				want := 2 * s
+				if beta != 0 {
+					want += beta * old[r*ldc+x]
+				}
+				if got != want {
 					return false
 				}
+			}
+		}
+		return true
+	}
+	c := make([]float32, mr*ldc)
+	for _, beta := range []float32{0, 0.5} {
+		for i := range c {
+			c[i] = float32(i % 3)
+			if beta == 0 {
+				c[i] = nan
+			}
+		}
+		old := slices.Clone(c)
+		kr.run(k, &a[0], &b[0], &c[0], ldc, 2, beta)
+		if !matches(c, old, beta) {
+			return false
+		}
+		if kr.runB != nil {
+			copy(c, old)
+			kr.runB(k, &a[0], &wide[0], &c[0], ldc, 2, beta, ldb)
+			if !matches(c, old, beta) {
+				return false
 			}
 		}
 	}
