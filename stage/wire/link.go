@@ -185,14 +185,19 @@ func (l *Link) Send(ctx context.Context, f Frame) error {
 	if err != nil {
 		return err
 	}
+	return l.write(ctx, &h, l.plain)
+}
+
+// write sends an encoded frame; the caller holds sendMu.
+func (l *Link) write(ctx context.Context, h *header, payload []byte) error {
 	l.sendCtx = ctx
 	l.sendDeadline = time.Time{}
 	stop := context.AfterFunc(ctx, func() { _ = l.s.SetWriteDeadline(time.Unix(1, 0)) })
-	err = l.w.writeFrame(&h, l.plain)
+	err := l.w.writeFrame(h, payload)
 	stop()
 	if err != nil {
 		if cerr := ctxErr(ctx); cerr != nil {
-			err = fmt.Errorf("wire: send %s step %d: %w", f.Kind, f.Step, cerr)
+			err = fmt.Errorf("wire: send %s step %d: %w", h.Kind, h.Step, cerr)
 		}
 		return l.abort(codeOf(err), fromStreamError(err, l.remote))
 	}
@@ -313,30 +318,9 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 	if l.recvEOF {
 		return Frame{}, io.EOF
 	}
-	l.recvCtx = ctx
-	stop := context.AfterFunc(ctx, func() { _ = l.s.SetReadDeadline(time.Unix(1, 0)) })
-	before := l.r.read
-	h, payload, err := l.r.readFrame(
-		func(h *header) error { return l.spec.checkHeader(h, l.job, &l.window) },
-		l.buffer)
-	stop()
+	h, payload, err := l.read(ctx)
 	if err != nil {
-		if l.r.read == before && !isRefusal(err) && (ctxErr(ctx) != nil || isTimeout(err)) {
-			// Nothing of the next frame was consumed: the link is intact.
-			if cerr := ctxErr(ctx); cerr != nil {
-				return Frame{}, cerr
-			}
-			return Frame{}, wrapErr(CodeTimeout, "waiting for a frame", err)
-		}
-		if errors.Is(err, io.EOF) {
-			// The peer sends no more; our side may still send.
-			l.recvEOF = true
-			return Frame{}, io.EOF
-		}
-		if cerr := ctxErr(ctx); cerr != nil && !isRefusal(err) {
-			return Frame{}, l.abort(CodeTimeout, fmt.Errorf("wire: recv cancelled mid-frame: %w", cerr))
-		}
-		return Frame{}, l.fail(err)
+		return Frame{}, err
 	}
 	f := Frame{Kind: h.Kind, Step: h.Step, Micro: h.Micro, Tokens: int(h.Rows)}
 	switch h.Kind {
@@ -361,6 +345,37 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 	l.stats.PayloadRecv += int64(h.Length)
 	l.mu.Unlock()
 	return f, nil
+}
+
+// read reads and checks the next frame, returning its header and payload
+// (valid until the next read); the caller holds recvMu.
+func (l *Link) read(ctx context.Context) (header, []byte, error) {
+	l.recvCtx = ctx
+	stop := context.AfterFunc(ctx, func() { _ = l.s.SetReadDeadline(time.Unix(1, 0)) })
+	before := l.r.read
+	h, payload, err := l.r.readFrame(
+		func(h *header) error { return l.spec.checkHeader(h, l.job, &l.window) },
+		l.buffer)
+	stop()
+	if err == nil {
+		return h, payload, nil
+	}
+	if l.r.read == before && !isRefusal(err) && (ctxErr(ctx) != nil || isTimeout(err)) {
+		// Nothing of the next frame was consumed: the link is intact.
+		if cerr := ctxErr(ctx); cerr != nil {
+			return h, nil, cerr
+		}
+		return h, nil, wrapErr(CodeTimeout, "waiting for a frame", err)
+	}
+	if errors.Is(err, io.EOF) {
+		// The peer sends no more; our side may still send.
+		l.recvEOF = true
+		return h, nil, io.EOF
+	}
+	if cerr := ctxErr(ctx); cerr != nil && !isRefusal(err) {
+		return h, nil, l.abort(CodeTimeout, fmt.Errorf("wire: recv cancelled mid-frame: %w", cerr))
+	}
+	return h, nil, l.fail(err)
 }
 
 // ctxErr is ctx.Err(), also when the stream deadline taken from ctx fired

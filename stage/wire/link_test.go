@@ -86,6 +86,9 @@ func TestLinkCarriesForwardAndBackwardConcurrently(t *testing.T) {
 	if want := st.PayloadSent + int64(len(fwd))*HeaderSize + records*(recordPrefix+TagSize); st.BytesSent != want {
 		t.Fatalf("%d bytes on the stream, want %d", st.BytesSent, want)
 	}
+	if want := int64(len(fwd) * FrameWireBytes(n*d*2)); st.BytesSent != want {
+		t.Fatalf("%d bytes on the stream, FrameWireBytes says %d", st.BytesSent, want)
+	}
 	if rs := down.Stats(); rs.BytesRecv != st.BytesSent || rs.FramesRecv != st.FramesSent {
 		t.Fatalf("receiver saw %d bytes / %d frames, sender wrote %d / %d", rs.BytesRecv, rs.FramesRecv, st.BytesSent, st.FramesSent)
 	}

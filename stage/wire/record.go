@@ -15,18 +15,32 @@ const flushSize = 1 << 20
 
 // recordWriter seals plaintext into records (2-byte length, ciphertext) and
 // writes them in batches. It is owned by whoever holds the link's send lock.
+//
+// Sealing and writing overlap: while one batch is being written (through
+// the muxer and libp2p's own security) the next is sealed into the spare
+// buffer, so a large frame keeps two cores busy. writeFrame still returns
+// only after every byte was handed to w.
 type recordWriter struct {
 	cs          *noise.CipherState
 	w           io.Writer
 	buf         []byte // sealed records not yet written
+	spare       []byte // the other buffer, idle or being written
+	inflight    chan writeResult
 	scratch     []byte // plaintext of a frame's first record
 	written     int64  // bytes handed to w
 	beforeWrite func() error
 }
 
+type writeResult struct {
+	n   int
+	err error
+}
+
 func newRecordWriter(cs *noise.CipherState, w io.Writer, beforeWrite func() error) *recordWriter {
+	size := flushSize + MaxRecord + recordPrefix
 	return &recordWriter{cs: cs, w: w, beforeWrite: beforeWrite,
-		buf: make([]byte, 0, flushSize+MaxRecord+recordPrefix), scratch: make([]byte, 0, MaxRecordPlaintext)}
+		buf: make([]byte, 0, size), spare: make([]byte, 0, size),
+		scratch: make([]byte, 0, MaxRecordPlaintext)}
 }
 
 // seal appends one record. Noise messages are limited to 65535 bytes and
@@ -44,12 +58,28 @@ func (w *recordWriter) seal(pt []byte) error {
 	}
 	w.buf = out
 	if len(w.buf) >= flushSize {
-		return w.flush()
+		return w.startWrite()
 	}
 	return nil
 }
 
-func (w *recordWriter) flush() error {
+// wait collects the result of the write in flight, if any.
+func (w *recordWriter) wait() error {
+	if w.inflight == nil {
+		return nil
+	}
+	r := <-w.inflight
+	w.inflight = nil
+	w.written += int64(r.n)
+	return r.err
+}
+
+// startWrite hands the sealed batch to a writer goroutine and swaps in the
+// spare buffer, after the previous write has finished.
+func (w *recordWriter) startWrite() error {
+	if err := w.wait(); err != nil {
+		return err
+	}
 	if len(w.buf) == 0 {
 		return nil
 	}
@@ -58,10 +88,24 @@ func (w *recordWriter) flush() error {
 			return err
 		}
 	}
-	n, err := w.w.Write(w.buf)
-	w.written += int64(n)
-	w.buf = w.buf[:0]
-	return err
+	batch := w.buf
+	w.buf, w.spare = w.spare[:0], batch
+	done := make(chan writeResult, 1)
+	w.inflight = done
+	go func() {
+		n, err := w.w.Write(batch)
+		done <- writeResult{n, err}
+	}()
+	return nil
+}
+
+// flush writes everything sealed so far and waits for it.
+func (w *recordWriter) flush() error {
+	if err := w.startWrite(); err != nil {
+		_ = w.wait()
+		return err
+	}
+	return w.wait()
 }
 
 // writeFrame sends one frame: the header and the start of the payload in

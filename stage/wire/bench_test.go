@@ -1,0 +1,34 @@
+package wire
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+func TestFrameWireBytesAtRecordBoundaries(t *testing.T) {
+	for _, tc := range []struct{ payload, records int }{
+		{0, 1}, {firstChunk, 1}, {firstChunk + 1, 2},
+		{firstChunk + MaxRecordPlaintext, 2}, {firstChunk + MaxRecordPlaintext + 1, 3},
+	} {
+		if got, want := FrameWireBytes(tc.payload), tc.payload+HeaderSize+tc.records*(recordPrefix+TagSize); got != want {
+			t.Fatalf("FrameWireBytes(%d) = %d, want %d (%d records)", tc.payload, got, want, tc.records)
+		}
+	}
+}
+
+// BenchmarkGoodput reports the stage stream's goodput next to raw TCP on
+// loopback (b.N is ignored: each figure runs for a fixed time).
+func BenchmarkGoodput(b *testing.B) {
+	for b.Loop() {
+	}
+	r, err := MeasureGoodput(context.Background(), GoodputOptions{Duration: 500 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(r.StreamMBps, "stream-MB/s")
+	b.ReportMetric(r.LinkFP32MBps, "fp32link-MB/s")
+	b.ReportMetric(r.TCPMBps, "tcp-MB/s")
+	b.ReportMetric(r.StreamMBps/r.TCPMBps, "stream/tcp")
+	b.Logf("libp2p security under the stage stream: %s", r.Security)
+}
