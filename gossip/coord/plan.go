@@ -34,8 +34,8 @@ type Offer struct {
 	RTT map[string]time.Duration
 }
 
-// Request is what the planner needs of a job.
-type Request struct {
+// PlaceRequest is what the planner needs of a job.
+type PlaceRequest struct {
 	JobID      string
 	Researcher string // peer id of the researcher's node: first and last stage
 	Stages     int
@@ -60,7 +60,7 @@ var ErrInsufficient = errors.New("the swarm does not offer enough")
 // in proportion to their throughput without exceeding any node's memory,
 // and orders the stages so that neighbours have low latency. The result is
 // deterministic for the same inputs.
-func Place(req Request, offers []Offer) ([]StagePlan, []string, error) {
+func Place(req PlaceRequest, offers []Offer) ([]StagePlan, []string, error) {
 	if req.Stages <= 0 || req.Replicas <= 0 || req.Layers < req.Stages {
 		return nil, nil, fmt.Errorf("plan: %d layers cannot fill %d stages × %d replicas", req.Layers, req.Stages, req.Replicas)
 	}
@@ -234,7 +234,7 @@ func orderByLatency(researcher string, groups [][]Offer) [][]Offer {
 // replicas, it simply drops out; otherwise the fastest spare that can hold
 // the stage's blocks takes its place. It returns the new stages and the
 // spares left.
-func Replace(stages []StagePlan, spares []string, dead string, offers []Offer, req Request) ([]StagePlan, []string, error) {
+func Replace(stages []StagePlan, spares []string, dead string, offers []Offer, req PlaceRequest) ([]StagePlan, []string, error) {
 	out := make([]StagePlan, len(stages))
 	for i, s := range stages {
 		out[i] = s

@@ -18,7 +18,7 @@ func offers(gflops ...float64) []Offer {
 }
 
 func TestPlaceProportional(t *testing.T) {
-	req := Request{Researcher: "r", Stages: 3, Replicas: 1, Layers: 12, LayerBytes: 1 << 20}
+	req := PlaceRequest{Researcher: "r", Stages: 3, Replicas: 1, Layers: 12, LayerBytes: 1 << 20}
 	st, spares, err := Place(req, offers(10, 20, 30, 5))
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +47,7 @@ func TestPlaceProportional(t *testing.T) {
 func TestPlaceMemoryCap(t *testing.T) {
 	o := offers(100, 1, 1)
 	o[0].MemoryBytes = 3 << 20 // fastest node holds only 3 layers
-	req := Request{Researcher: "r", Stages: 3, Replicas: 1, Layers: 12, LayerBytes: 1 << 20}
+	req := PlaceRequest{Researcher: "r", Stages: 3, Replicas: 1, Layers: 12, LayerBytes: 1 << 20}
 	st, _, err := Place(req, o)
 	if err != nil {
 		t.Fatal(err)
@@ -60,12 +60,12 @@ func TestPlaceMemoryCap(t *testing.T) {
 }
 
 func TestPlaceInsufficient(t *testing.T) {
-	req := Request{Researcher: "r", Stages: 3, Replicas: 2, Layers: 12, LayerBytes: 1 << 20}
+	req := PlaceRequest{Researcher: "r", Stages: 3, Replicas: 2, Layers: 12, LayerBytes: 1 << 20}
 	_, _, err := Place(req, offers(1, 1, 1, 1, 1))
 	if !errors.Is(err, ErrInsufficient) || !strings.Contains(err.Error(), "needs 6 nodes") {
 		t.Fatalf("got %v", err)
 	}
-	req = Request{Researcher: "r", Stages: 2, Replicas: 1, Layers: 8, LayerBytes: 1 << 30, StageBytes: 1}
+	req = PlaceRequest{Researcher: "r", Stages: 2, Replicas: 1, Layers: 8, LayerBytes: 1 << 30, StageBytes: 1}
 	_, _, err = Place(req, offers(1, 1, 1))
 	if !errors.Is(err, ErrInsufficient) || !strings.Contains(err.Error(), "lends") {
 		t.Fatalf("got %v", err)
@@ -74,7 +74,7 @@ func TestPlaceInsufficient(t *testing.T) {
 	for i := range o {
 		o[i].MemoryBytes = 3 << 20
 	}
-	req = Request{Researcher: "r", Stages: 2, Replicas: 1, Layers: 12, LayerBytes: 1 << 20}
+	req = PlaceRequest{Researcher: "r", Stages: 2, Replicas: 1, Layers: 12, LayerBytes: 1 << 20}
 	_, _, err = Place(req, o)
 	if !errors.Is(err, ErrInsufficient) || !strings.Contains(err.Error(), "hold 6 of the model's 12") {
 		t.Fatalf("got %v", err)
@@ -85,7 +85,7 @@ func TestPlaceRefusesRelayedAndResearcher(t *testing.T) {
 	o := offers(50, 40, 30, 20)
 	o[0].Relayed = true
 	o[1].PeerID = "r"
-	req := Request{Researcher: "r", Stages: 2, Replicas: 1, Layers: 4, RefuseRelayed: true}
+	req := PlaceRequest{Researcher: "r", Stages: 2, Replicas: 1, Layers: 4, RefuseRelayed: true}
 	st, _, err := Place(req, o)
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func TestPlaceLatencyOrder(t *testing.T) {
 	o[0].RTT = map[string]time.Duration{"r": 90 * ms, "p01": 5 * ms, "p02": 80 * ms}
 	o[1].RTT = map[string]time.Duration{"r": 80 * ms, "p00": 5 * ms, "p02": 5 * ms}
 	o[2].RTT = map[string]time.Duration{"r": 5 * ms, "p00": 80 * ms, "p01": 5 * ms}
-	st, _, err := Place(Request{Researcher: "r", Stages: 3, Replicas: 1, Layers: 3}, o)
+	st, _, err := Place(PlaceRequest{Researcher: "r", Stages: 3, Replicas: 1, Layers: 3}, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestPlaceDeterministicAndComplete(t *testing.T) {
 		for i := range o {
 			o[i] = Offer{PeerID: fmt.Sprintf("p%02d", i), GFLOPS: float64(1 + r.IntN(100)), MemoryBytes: uint64(1+r.IntN(20)) << 20}
 		}
-		req := Request{Researcher: "r", Stages: 1 + r.IntN(3), Replicas: 1 + r.IntN(2), Layers: 4 + r.IntN(20), LayerBytes: 1 << 20}
+		req := PlaceRequest{Researcher: "r", Stages: 1 + r.IntN(3), Replicas: 1 + r.IntN(2), Layers: 4 + r.IntN(20), LayerBytes: 1 << 20}
 		st, _, err := Place(req, o)
 		st2, _, err2 := Place(req, append([]Offer(nil), o...))
 		if (err == nil) != (err2 == nil) || fmt.Sprint(st) != fmt.Sprint(st2) {
@@ -157,7 +157,7 @@ func TestPlaceDeterministicAndComplete(t *testing.T) {
 
 func TestReplace(t *testing.T) {
 	o := offers(30, 20, 10, 5)
-	req := Request{Researcher: "r", Stages: 3, Replicas: 1, Layers: 6, LayerBytes: 1 << 20}
+	req := PlaceRequest{Researcher: "r", Stages: 3, Replicas: 1, Layers: 6, LayerBytes: 1 << 20}
 	st, spares, err := Place(req, o)
 	if err != nil {
 		t.Fatal(err)

@@ -11,17 +11,24 @@ import (
 	lpeer "github.com/libp2p/go-libp2p/core/peer"
 )
 
-// MaxPlanBytes bounds an encoded signed plan (the manifest rides inside).
+// MaxPlanBytes bounds an encoded signed plan.
 const MaxPlanBytes = 2 << 20
 
 // Plan is the coordinator's placement of one job. Every field a stage
 // acts on is covered by the signature. Term is the coordinator's election
 // term: the fencing token every peer checks against the newest term it has
-// accepted. Epoch counts re-plans of the same job, so a stage can tell the
-// plan that replaced a dead node from the one before it.
+// accepted. Epoch counts re-signings of the same job (a re-plan, or a new
+// coordinator adopting the job), so a stage can tell the newest plan; Gen
+// counts placements only and names the job's links, so links survive a
+// change of coordinator.
 type Plan struct {
 	JobID       string      `json:"job_id"`
 	Epoch       uint64      `json:"epoch"`
+	Gen         uint64      `json:"gen"` // placement version: changes when a stage moves, and names the job's links
+	// StartStep is the first step this placement trains (1, or the step
+	// after the checkpoint a recovery resumes from): links refuse frames
+	// of earlier steps.
+	StartStep uint64 `json:"start_step"`
 	Term        uint64      `json:"term"`
 	Coordinator string      `json:"coordinator"`
 	Researcher  string      `json:"researcher"`

@@ -105,7 +105,7 @@ func FuzzOpenPlan(f *testing.F) {
 func testSpec(layers int) Spec {
 	return Spec{JobID: "j1", Name: "t", Kind: KindTrain,
 		Model: model.Config{Vocab: 16, Dim: 8, Layers: layers, Heads: 2, KVHeads: 1, FFNDim: 16, MaxSeq: 8},
-		Codec: "fp32", Steps: 1, SeqLen: 4, Rows: 1, Microbatches: 1,
+		Codec: "fp32", Stages: 1, Replicas: 1, Steps: 1, SeqLen: 4, Rows: 1, Microbatches: 1,
 		Optim: optim.DefaultConfig(), Schedule: optim.Schedule{Peak: 1e-3, Total: 1}}
 }
 

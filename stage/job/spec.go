@@ -44,6 +44,10 @@ type Spec struct {
 	// Codec is the stage-boundary codec: fp32, bf16, int8 or subspace.
 	Codec string `json:"codec"`
 
+	// Pipeline shape: Stages block-holding stages of Replicas nodes each.
+	Stages   int `json:"stages"`
+	Replicas int `json:"replicas"`
+
 	// Training shape: each step is Microbatches microbatches of Rows
 	// sequences of SeqLen tokens.
 	Steps        int `json:"steps"`
@@ -87,6 +91,9 @@ func (s *Spec) Validate() error {
 	}
 	if err := s.Model.Validate(); err != nil {
 		return fmt.Errorf("job: %w", err)
+	}
+	if s.Stages <= 0 || s.Stages > 256 || s.Stages > s.Model.Layers || s.Replicas <= 0 || s.Replicas > 16 {
+		return fmt.Errorf("job: %d stages × %d replicas for %d layers", s.Stages, s.Replicas, s.Model.Layers)
 	}
 	id, err := codec.ParseID(s.Codec)
 	if err != nil {

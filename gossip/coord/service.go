@@ -1,0 +1,561 @@
+package coord
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/holopeer/holopeer/stage/job"
+)
+
+// JobProtocol is how a researcher talks to the coordinator: one request,
+// one reply, each a uvarint-length-prefixed JSON message.
+const JobProtocol protocol.ID = "/holopeer/job/1.0.0"
+
+// AssignProtocol must match pipeline.AssignProtocol: the coordinator sends
+// each named node its signed plan on it.
+const AssignProtocol protocol.ID = "/holopeer/assign/1.0.0"
+
+const maxMessage = 4 << 20
+
+// Request is a researcher's message to the coordinator.
+type Request struct {
+	Op    string    `json:"op"` // submit | replan | release
+	Spec  *job.Spec `json:"spec,omitempty"`
+	JobID string    `json:"job_id,omitempty"`
+	Epoch uint64    `json:"epoch,omitempty"`
+	Lost  string    `json:"lost,omitempty"`
+	// Resume is the step the researcher resumes training at (replan).
+	Resume uint64 `json:"resume,omitempty"`
+	// Plan is the researcher's current signed plan (replan): it lets a
+	// coordinator elected after the job started take the job over.
+	Plan []byte `json:"plan,omitempty"`
+}
+
+// Reply is the coordinator's answer.
+type Reply struct {
+	Plan []byte `json:"plan,omitempty"`
+	Err  string `json:"err,omitempty"`
+}
+
+// Errors the coordinator returns.
+var (
+	ErrNotCoordinator = errors.New("this node is not the coordinator")
+	ErrNotResearcher  = errors.New("only the job's researcher may change it")
+)
+
+// Config is what the coordinator service needs from its node.
+type Config struct {
+	Host host.Host
+	Key  crypto.PrivKey
+	// Term reports whether this node is the coordinator now, and in which
+	// term.
+	Term func() (uint64, bool)
+	// Offers lists the machines on offer: the swarm's verified capability
+	// records.
+	Offers func() []Offer
+	// Alive reports whether a placed node is still in the swarm.
+	Alive  func(peer.ID) bool
+	Logger *slog.Logger
+	// HealthInterval is how often placed nodes are checked; a node not
+	// alive for Grace is re-planned away. Defaults 2 s and 8 s.
+	HealthInterval, Grace time.Duration
+	Clock                 func() time.Time
+}
+
+// Service is the coordinator's job handling: it answers researchers,
+// places jobs, signs and sends plans, and re-plans when a node goes
+// silent. It runs on every node but acts only while its node is the
+// coordinator.
+type Service struct {
+	cfg    Config
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// mu guards the following.
+	mu   sync.Mutex
+	jobs map[string]*jobState
+}
+
+type jobState struct {
+	plan    *job.Plan
+	signed  []byte
+	silent  map[string]time.Time // placed nodes not alive, since when
+	replans int
+}
+
+// New starts the service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Host == nil || cfg.Key == nil || cfg.Term == nil || cfg.Offers == nil {
+		return nil, errors.New("coord: Host, Key, Term and Offers are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HealthInterval == 0 {
+		cfg.HealthInterval = 2 * time.Second
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 8 * time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Alive == nil {
+		cfg.Alive = func(p peer.ID) bool { return cfg.Host.Network().Connectedness(p) == network.Connected }
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{cfg: cfg, log: cfg.Logger.With("component", "coordinator"), ctx: ctx, cancel: cancel, jobs: map[string]*jobState{}}
+	cfg.Host.SetStreamHandler(JobProtocol, s.serve)
+	s.wg.Add(1)
+	go s.health()
+	return s, nil
+}
+
+// Close stops the service.
+func (s *Service) Close() error {
+	s.cancel()
+	s.cfg.Host.RemoveStreamHandler(JobProtocol)
+	s.wg.Wait()
+	return nil
+}
+
+// Jobs returns the plans the coordinator holds.
+func (s *Service) Jobs() []*job.Plan {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*job.Plan
+	for _, j := range s.jobs {
+		out = append(out, j.plan)
+	}
+	return out
+}
+
+func (s *Service) serve(st network.Stream) {
+	_ = st.Scope().SetService("holopeer.coordinator")
+	_ = st.SetDeadline(time.Now().Add(2 * time.Minute))
+	b, err := readMsg(st)
+	if err != nil {
+		st.Reset()
+		return
+	}
+	var req Request
+	if err := json.Unmarshal(b, &req); err != nil {
+		writeReply(st, Reply{Err: "bad request: " + err.Error()})
+		return
+	}
+	from := st.Conn().RemotePeer()
+	var reply Reply
+	signed, err := s.handle(s.ctx, from, req)
+	if err != nil {
+		reply.Err = err.Error()
+		s.log.Warn("refused a job request", "op", req.Op, "from", from.ShortString(), "err", err)
+	}
+	reply.Plan = signed
+	writeReply(st, reply)
+}
+
+func writeReply(st network.Stream, r Reply) {
+	b, _ := json.Marshal(r)
+	if err := writeMsg(st, b); err != nil {
+		st.Reset()
+		return
+	}
+	st.Close()
+}
+
+func (s *Service) handle(ctx context.Context, from peer.ID, req Request) ([]byte, error) {
+	term, ok := s.cfg.Term()
+	if !ok {
+		return nil, ErrNotCoordinator
+	}
+	switch req.Op {
+	case "submit":
+		if req.Spec == nil {
+			return nil, errors.New("submit without a spec")
+		}
+		if err := req.Spec.Validate(); err != nil {
+			return nil, err
+		}
+		return s.submit(ctx, term, from.String(), *req.Spec)
+	case "replan":
+		return s.replan(ctx, term, from.String(), req)
+	case "release":
+		return nil, s.release(from.String(), req.JobID)
+	}
+	return nil, fmt.Errorf("unknown op %q", req.Op)
+}
+
+// busy lists nodes placed in any job.
+func (s *Service) busy() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, j := range s.jobs {
+		for _, st := range j.plan.Stages {
+			out = append(out, st.Replicas...)
+		}
+	}
+	return out
+}
+
+func (s *Service) request(spec job.Spec, researcher string, exclude []string) PlaceRequest {
+	return PlaceRequest{
+		JobID: spec.JobID, Researcher: researcher, Stages: spec.Stages, Replicas: spec.Replicas,
+		Layers: spec.Model.Layers, LayerBytes: spec.LayerBytes(spec.Stages), StageBytes: spec.StageBytes(),
+		RefuseRelayed: spec.RefuseRelayed, Exclude: exclude,
+	}
+}
+
+func (s *Service) submit(ctx context.Context, term uint64, researcher string, spec job.Spec) ([]byte, error) {
+	s.mu.Lock()
+	if _, dup := s.jobs[spec.JobID]; dup {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("job %s exists", spec.JobID)
+	}
+	s.mu.Unlock()
+	exclude := s.busy()
+	for attempt := 0; attempt < 4; attempt++ {
+		stages, spares, err := Place(s.request(spec, researcher, exclude), s.cfg.Offers())
+		if err != nil {
+			return nil, err
+		}
+		p := &job.Plan{
+			JobID: spec.JobID, Epoch: 1, Gen: 1, StartStep: 1, Term: term,
+			Coordinator: s.cfg.Host.ID().String(), Researcher: researcher,
+			Spec: spec, Stages: stages, Spares: spares, IssuedAt: s.cfg.Clock().UTC(),
+		}
+		signed, err := job.SignPlan(p, s.cfg.Key)
+		if err != nil {
+			return nil, err
+		}
+		refused := s.assignAll(ctx, p, signed)
+		if len(refused) == 0 {
+			s.mu.Lock()
+			s.jobs[spec.JobID] = &jobState{plan: p, signed: signed, silent: map[string]time.Time{}}
+			s.mu.Unlock()
+			s.log.Info("placed a job", "job", spec.JobID, "researcher", short(researcher), "stages", len(stages), "term", term)
+			return signed, nil
+		}
+		s.log.Warn("nodes refused their stage; placing again without them", "job", spec.JobID, "refused", refused)
+		exclude = append(exclude, refused...)
+	}
+	return nil, fmt.Errorf("%w: nodes kept refusing job %s", ErrInsufficient, spec.JobID)
+}
+
+// assignAll sends the plan to every node it names and returns those that
+// refused or could not be reached.
+func (s *Service) assignAll(ctx context.Context, p *job.Plan, signed []byte) []string {
+	var mu sync.Mutex
+	var refused []string
+	var wg sync.WaitGroup
+	for _, st := range p.Stages {
+		for _, r := range st.Replicas {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.assign(ctx, r, signed); err != nil {
+					s.log.Warn("assign failed", "peer", short(r), "job", p.JobID, "err", err)
+					mu.Lock()
+					refused = append(refused, r)
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return refused
+}
+
+// assign sends a signed plan to one node and reads its answer.
+func (s *Service) assign(ctx context.Context, to string, signed []byte) error {
+	id, err := peer.Decode(to)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := s.cfg.Host.NewStream(network.WithAllowLimitedConn(ctx, "assign"), id, AssignProtocol)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	_ = st.SetDeadline(time.Now().Add(30 * time.Second))
+	if err := writeMsg(st, signed); err != nil {
+		st.Reset()
+		return err
+	}
+	b, err := readMsg(st)
+	if err != nil {
+		st.Reset()
+		return err
+	}
+	var r struct {
+		OK  bool   `json:"ok"`
+		Err string `json:"err"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return err
+	}
+	if !r.OK {
+		return errors.New(r.Err)
+	}
+	return nil
+}
+
+// replan replaces a lost node. A coordinator that does not know the job
+// (elected after it started) takes it over from the researcher's plan.
+func (s *Service) replan(ctx context.Context, term uint64, from string, req Request) ([]byte, error) {
+	s.mu.Lock()
+	js := s.jobs[req.JobID]
+	s.mu.Unlock()
+	if js == nil {
+		if len(req.Plan) == 0 {
+			return nil, fmt.Errorf("unknown job %s", req.JobID)
+		}
+		p, err := job.OpenPlan(req.Plan)
+		if err != nil {
+			return nil, err
+		}
+		if p.JobID != req.JobID || p.Researcher != from {
+			return nil, ErrNotResearcher
+		}
+		js = &jobState{plan: p, signed: req.Plan, silent: map[string]time.Time{}}
+		s.mu.Lock()
+		s.jobs[req.JobID] = js
+		s.mu.Unlock()
+		s.log.Info("took over a job from an earlier coordinator", "job", p.JobID, "term", p.Term)
+	}
+	if js.plan.Researcher != from {
+		return nil, ErrNotResearcher
+	}
+	if req.Epoch < js.plan.Epoch && req.Lost == "" && (req.Resume == 0 || req.Resume == js.plan.StartStep) {
+		return js.signed, nil // the researcher is behind: hand it the newest
+	}
+	return s.replace(ctx, term, req.JobID, req.Lost, req.Resume)
+}
+
+// replace moves the stage of lost (if any) and re-signs the plan in this
+// coordinator's term; with lost empty it only re-signs.
+func (s *Service) replace(ctx context.Context, term uint64, jobID, lost string, resume uint64) ([]byte, error) {
+	s.mu.Lock()
+	js := s.jobs[jobID]
+	s.mu.Unlock()
+	if js == nil {
+		return nil, fmt.Errorf("unknown job %s", jobID)
+	}
+	old := js.plan
+	p := *old
+	p.Epoch, p.Term, p.Coordinator, p.IssuedAt = old.Epoch+1, term, s.cfg.Host.ID().String(), s.cfg.Clock().UTC()
+	if lost != "" && old.StageOf(lost) >= 0 {
+		offers := s.cfg.Offers()
+		busy := s.busy()
+		spares := slices.DeleteFunc(slices.Clone(old.Spares), func(x string) bool { return x == lost })
+		// Anyone on offer and idle may serve as a spare.
+		for _, o := range offers {
+			if !slices.Contains(busy, o.PeerID) && !slices.Contains(spares, o.PeerID) && o.PeerID != old.Researcher && o.PeerID != lost {
+				spares = append(spares, o.PeerID)
+			}
+		}
+		stages, left, err := Replace(old.Stages, spares, lost, offers, s.request(old.Spec, old.Researcher, nil))
+		if err != nil {
+			return nil, err
+		}
+		p.Stages, p.Spares, p.Gen = stages, left, old.Gen+1
+	}
+	if resume != 0 && resume != old.StartStep {
+		// The stages restart from a checkpoint: new links, whose step
+		// window starts there.
+		p.StartStep, p.Gen = resume, max(p.Gen, old.Gen+1)
+	}
+	signed, err := job.SignPlan(&p, s.cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	if refused := s.assignAll(ctx, &p, signed); len(refused) > 0 {
+		return nil, fmt.Errorf("nodes %v refused the new plan", refused)
+	}
+	s.mu.Lock()
+	js.plan, js.signed = &p, signed
+	js.replans++
+	js.silent = map[string]time.Time{}
+	s.mu.Unlock()
+	s.log.Info("re-planned a job", "job", jobID, "lost", short(lost), "epoch", p.Epoch, "gen", p.Gen)
+	return signed, nil
+}
+
+func (s *Service) release(from, jobID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	js := s.jobs[jobID]
+	if js == nil {
+		return nil
+	}
+	if js.plan.Researcher != from {
+		return ErrNotResearcher
+	}
+	delete(s.jobs, jobID)
+	s.log.Info("job released", "job", jobID)
+	return nil
+}
+
+// health re-plans jobs whose nodes have left the swarm, and pushes the new
+// plan to the researcher too.
+func (s *Service) health() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		term, ok := s.cfg.Term()
+		if !ok {
+			continue
+		}
+		now := s.cfg.Clock()
+		type todo struct{ job, lost string }
+		var work []todo
+		s.mu.Lock()
+		for id, js := range s.jobs {
+			for _, st := range js.plan.Stages {
+				for _, r := range st.Replicas {
+					pid, err := peer.Decode(r)
+					if err != nil {
+						continue
+					}
+					if s.cfg.Alive(pid) {
+						delete(js.silent, r)
+						continue
+					}
+					since, seen := js.silent[r]
+					if !seen {
+						js.silent[r] = now
+						continue
+					}
+					if now.Sub(since) >= s.cfg.Grace {
+						work = append(work, todo{id, r})
+					}
+				}
+			}
+		}
+		s.mu.Unlock()
+		for _, w := range work {
+			s.log.Warn("a placed node went silent; re-planning", "job", w.job, "peer", short(w.lost))
+			signed, err := s.replace(s.ctx, term, w.job, w.lost, 0)
+			if err != nil {
+				s.log.Error("re-plan failed", "job", w.job, "err", err)
+				continue
+			}
+			s.mu.Lock()
+			researcher := s.jobs[w.job].plan.Researcher
+			s.mu.Unlock()
+			if err := s.assign(s.ctx, researcher, signed); err != nil {
+				s.log.Warn("could not tell the researcher about the new plan", "err", err)
+			}
+		}
+	}
+}
+
+// Client is a researcher's handle on the coordinator. Coordinator returns
+// the current coordinator's peer id (it may change during a run).
+type Client struct {
+	Host        host.Host
+	Coordinator func(ctx context.Context) (peer.ID, error)
+	// Current returns the researcher's newest signed plan of a job, sent
+	// along with a replan so a new coordinator can take the job over.
+	Current func(jobID string) []byte
+}
+
+func (c *Client) call(ctx context.Context, req Request) ([]byte, error) {
+	id, err := c.Coordinator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := c.Host.NewStream(network.WithAllowLimitedConn(ctx, "job"), id, JobProtocol)
+	if err != nil {
+		return nil, fmt.Errorf("reach the coordinator %s: %w", id.ShortString(), err)
+	}
+	defer st.Close()
+	_ = st.SetDeadline(time.Now().Add(2 * time.Minute))
+	b, _ := json.Marshal(req)
+	if err := writeMsg(st, b); err != nil {
+		st.Reset()
+		return nil, err
+	}
+	rb, err := readMsg(st)
+	if err != nil {
+		st.Reset()
+		return nil, err
+	}
+	var r Reply
+	if err := json.Unmarshal(rb, &r); err != nil {
+		return nil, err
+	}
+	if r.Err != "" {
+		return nil, fmt.Errorf("coordinator %s: %s", id.ShortString(), r.Err)
+	}
+	return r.Plan, nil
+}
+
+// Submit asks the coordinator to place a job.
+func (c *Client) Submit(ctx context.Context, spec job.Spec) ([]byte, error) {
+	return c.call(ctx, Request{Op: "submit", Spec: &spec})
+}
+
+// Replan asks for a plan without the lost node.
+func (c *Client) Replan(ctx context.Context, jobID string, epoch uint64, lost string, resume uint64) ([]byte, error) {
+	req := Request{Op: "replan", JobID: jobID, Epoch: epoch, Lost: lost, Resume: resume}
+	if c.Current != nil {
+		req.Plan = c.Current(jobID)
+	}
+	return c.call(ctx, req)
+}
+
+// Release tells the coordinator the job is over.
+func (c *Client) Release(ctx context.Context, jobID string) error {
+	_, err := c.call(ctx, Request{Op: "release", JobID: jobID})
+	return err
+}
+
+func writeMsg(w io.Writer, b []byte) error {
+	var hdr [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(hdr[:], uint64(len(b)))
+	if _, err := w.Write(hdr[:k]); err != nil {
+		return err
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+func readMsg(r io.Reader) ([]byte, error) {
+	br := bufio.NewReaderSize(r, 16)
+	l, err := binary.ReadUvarint(br)
+	if err != nil {
+		return nil, err
+	}
+	if l > maxMessage {
+		return nil, fmt.Errorf("message of %d bytes exceeds %d", l, maxMessage)
+	}
+	b := make([]byte, l)
+	_, err = io.ReadFull(br, b)
+	return b, err
+}

@@ -1,0 +1,211 @@
+package pipeline
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/holopeer/holopeer/stage/job"
+	"github.com/holopeer/holopeer/stage/subspace"
+	"github.com/holopeer/holopeer/stage/wire"
+	"github.com/holopeer/holopeer/stage/wire/codec"
+)
+
+// WireJob names the links of one placement of a job: the hash of the job
+// id and the plan's Gen, so the links of a replaced placement can never be
+// mistaken for the new one's.
+func WireJob(jobID string, gen uint64) wire.JobID {
+	h := sha256.New()
+	h.Write([]byte("holopeer-links-v1:"))
+	h.Write([]byte(jobID))
+	var g [8]byte
+	binary.BigEndian.PutUint64(g[:], gen)
+	h.Write(g[:])
+	id, _ := wire.JobIDFromHash(h.Sum(nil))
+	return id
+}
+
+// role is what one peer is to another in a plan.
+type role struct {
+	upstream   bool // the remote sends us activations (and takes our gradients)
+	downstream bool // we send the remote activations
+	home       bool // the remote is the researcher (control and weights)
+}
+
+// roleOf says what remote is to local in plan p. ok is false when the two
+// have no link.
+func roleOf(p *job.Plan, local, remote string) (r role, ok bool) {
+	if local == remote {
+		return r, false
+	}
+	prevOf := func(id string) []string {
+		if id == p.Researcher {
+			return p.Stages[len(p.Stages)-1].Replicas
+		}
+		_, prev, _, _ := p.Neighbours(id)
+		return prev
+	}
+	nextOf := func(id string) []string {
+		if id == p.Researcher {
+			return p.Stages[0].Replicas
+		}
+		_, _, next, _ := p.Neighbours(id)
+		return next
+	}
+	if local != p.Researcher && p.StageOf(local) < 0 {
+		return r, false
+	}
+	r.upstream = slices.Contains(prevOf(local), remote)
+	r.downstream = slices.Contains(nextOf(local), remote)
+	r.home = remote == p.Researcher || local == p.Researcher && p.StageOf(remote) >= 0
+	return r, r.upstream || r.downstream || r.home
+}
+
+// opener says whether local opens the link to remote: the upstream end
+// opens, the researcher always opens to stage 0 (which matters when one
+// stage is both first and last), and a stage opens its home link.
+func opener(p *job.Plan, local, remote string) bool {
+	if local == p.Researcher {
+		return p.StageOf(remote) == 0
+	}
+	if remote == p.Researcher {
+		return p.StageOf(local) != 0
+	}
+	r, _ := roleOf(p, local, remote)
+	return r.downstream
+}
+
+// linkSpec is what local accepts from remote in plan p.
+func linkSpec(p *job.Plan, c codec.Codec, local, remote string) (wire.LinkSpec, error) {
+	r, ok := roleOf(p, local, remote)
+	if !ok {
+		return wire.LinkSpec{}, fmt.Errorf("%w: %s has no link with %s in job %s", wire.ErrNotAuthorized, short(remote), short(local), p.JobID)
+	}
+	var accept wire.KindSet
+	if r.upstream {
+		accept |= wire.Kinds(wire.KindForward)
+	}
+	if r.downstream {
+		accept |= wire.Kinds(wire.KindBackward)
+	}
+	spec := wire.LinkSpec{
+		Codec:     c,
+		Accept:    accept,
+		Tokens:    p.Spec.MicrobatchTokens(),
+		FirstStep: p.StartStep,
+	}
+	if p.Spec.Kind == job.KindTrain {
+		spec.Microbatches = uint32(p.Spec.Microbatches)
+	} else {
+		spec.Tokens, spec.MaxTokens = 0, p.Spec.MaxBatch*p.Spec.MaxTokens
+		spec.StepsAhead = 1 << 40 // serving steps are request sequence numbers
+	}
+	return spec, nil
+}
+
+// newCodec builds the job's codec (and the subspace basis it needs).
+func newCodec(s job.Spec) (codec.Codec, *subspace.Basis, error) {
+	id, err := codec.ParseID(s.Codec)
+	if err != nil {
+		return nil, nil, err
+	}
+	var basis *subspace.Basis
+	if bc, ok := s.Model.Basis(); ok {
+		if basis, err = subspace.New(bc); err != nil {
+			return nil, nil, err
+		}
+	}
+	c, err := codec.New(id, codec.Params{Dim: s.Model.Dim, Basis: basis})
+	return c, basis, err
+}
+
+// linkEvent is what a link's reader hands the owner loop: a frame (a
+// control message decoded, a blob assembled) or the error that ended it.
+type linkEvent struct {
+	from  peer.ID
+	link  *wire.Link
+	frame wire.Frame
+	ctl   *Ctl
+	blob  []byte
+	err   error
+}
+
+// readLink forwards a link's frames to out until the link ends, then sends
+// its error. Blobs are assembled here so that the owner sees one event.
+func readLink(ctx context.Context, l *wire.Link, out chan<- linkEvent, blobLimit int64) {
+	from := l.RemotePeer()
+	send := func(ev linkEvent) bool {
+		select {
+		case out <- ev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for {
+		f, err := l.Recv(ctx)
+		if err != nil {
+			send(linkEvent{from: from, link: l, err: err})
+			return
+		}
+		ev := linkEvent{from: from, link: l, frame: f}
+		if f.Kind == wire.KindControl {
+			c, err := decodeCtl(f.Control)
+			if err != nil {
+				l.Close()
+				send(linkEvent{from: from, link: l, err: err})
+				return
+			}
+			if c.Op == opBlob {
+				b, err := recvBlob(ctx, l, c, blobLimit)
+				if err != nil {
+					l.Close()
+					send(linkEvent{from: from, link: l, err: err})
+					return
+				}
+				ev.blob = b
+			}
+			ev.ctl = &c
+		}
+		if !send(ev) {
+			return
+		}
+	}
+}
+
+// errLinkLost marks a neighbour link that ended.
+var errLinkLost = errors.New("pipeline: link lost")
+
+func short(id string) string {
+	if len(id) > 16 {
+		return id[:6] + "…" + id[len(id)-6:]
+	}
+	return id
+}
+
+func toInt32(ids []int) []int32 {
+	if ids == nil {
+		return nil
+	}
+	out := make([]int32, len(ids))
+	for i, v := range ids {
+		out[i] = int32(v)
+	}
+	return out
+}
+
+func toInt(ids []int32) []int {
+	if ids == nil {
+		return nil
+	}
+	out := make([]int, len(ids))
+	for i, v := range ids {
+		out[i] = int(v)
+	}
+	return out
+}
