@@ -22,13 +22,13 @@ const MaxPlanBytes = 2 << 20
 // counts placements only and names the job's links, so links survive a
 // change of coordinator.
 type Plan struct {
-	JobID       string      `json:"job_id"`
-	Epoch       uint64      `json:"epoch"`
-	Gen         uint64      `json:"gen"` // placement version: changes when a stage moves, and names the job's links
+	JobID string `json:"job_id"`
+	Epoch uint64 `json:"epoch"`
+	Gen   uint64 `json:"gen"` // placement version: changes when a stage moves, and names the job's links
 	// StartStep is the first step this placement trains (1, or the step
 	// after the checkpoint a recovery resumes from): links refuse frames
 	// of earlier steps.
-	StartStep uint64 `json:"start_step"`
+	StartStep   uint64      `json:"start_step"`
 	Term        uint64      `json:"term"`
 	Coordinator string      `json:"coordinator"`
 	Researcher  string      `json:"researcher"`

@@ -18,7 +18,7 @@ func testPlan(t *testing.T) (*Plan, crypto.PrivKey) {
 	id, _ := lpeer.IDFromPrivateKey(key)
 	return &Plan{
 		JobID: "j1", Epoch: 1, Term: 3, Coordinator: id.String(), Researcher: "R",
-		Spec:     testSpec(4),
+		Spec: testSpec(4),
 		Stages: []StagePlan{
 			{Index: 0, First: 0, Last: 2, Replicas: []string{"A"}},
 			{Index: 1, First: 2, Last: 4, Replicas: []string{"B", "C"}},

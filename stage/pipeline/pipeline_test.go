@@ -27,14 +27,14 @@ import (
 // swarm is a researcher, a coordinator and stage nodes: real libp2p hosts
 // on loopback sockets.
 type swarm struct {
-	t          *testing.T
-	hosts      []host.Host // 0: researcher, 1: coordinator, 2…: stage nodes
-	runtimes   []*Runtime
-	coordSvc   *coord.Service
-	coordKey   crypto.PrivKey
-	dir        string
-	mu         sync.Mutex
-	dead       map[peer.ID]bool
+	t        *testing.T
+	hosts    []host.Host // 0: researcher, 1: coordinator, 2…: stage nodes
+	runtimes []*Runtime
+	coordSvc *coord.Service
+	coordKey crypto.PrivKey
+	dir      string
+	mu       sync.Mutex
+	dead     map[peer.ID]bool
 }
 
 func newSwarm(t *testing.T, stageNodes int) *swarm {
