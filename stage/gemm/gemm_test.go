@@ -320,3 +320,37 @@ func FuzzSgemm(f *testing.F) {
 		withKernel(tinyBlocked(genericKernel), 2, func() { check(t, rng, tc) })
 	})
 }
+
+// TestSgemmConcurrentCalls runs products from several goroutines at once:
+// stage pipelines call Sgemm concurrently, and the calls share pools.
+func TestSgemmConcurrentCalls(t *testing.T) {
+	done := make(chan error)
+	for w := range 4 {
+		go func() {
+			defer func() {
+				if r := recover(); r != nil {
+					done <- fmt.Errorf("worker %d: %v", w, r)
+					return
+				}
+				done <- nil
+			}()
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			for i := range 6 {
+				check(panicTB{t}, rng, gemmCase{transA: i&1 != 0, transB: w&1 != 0, m: 40 + 7*w, n: 50 + 3*i, k: 90, alpha: 1, beta: 0.5})
+				check(panicTB{t}, rng, gemmCase{m: 1 + w, n: 300, k: 80, alpha: 2})
+			}
+		}()
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// panicTB turns Fatalf into a panic so that check can run off the test
+// goroutine (FailNow must not be called there).
+type panicTB struct{ testing.TB }
+
+func (p panicTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (p panicTB) Helper()                           {}
