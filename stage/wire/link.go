@@ -140,12 +140,6 @@ func (l *Link) Err() error {
 	return l.err
 }
 
-func (l *Link) terminal() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
-}
-
 // setErr records the terminal error; the first one wins.
 func (l *Link) setErr(err error) (first bool) {
 	l.mu.Lock()
@@ -163,7 +157,7 @@ func (l *Link) setErr(err error) (first bool) {
 // residual above the spec's MaxResidual) returns an *Error and leaves the
 // link open; any failure while writing ends it.
 func (l *Link) Send(ctx context.Context, f Frame) error {
-	if err := l.terminal(); err != nil {
+	if err := l.Err(); err != nil {
 		return err
 	}
 	select {
@@ -172,7 +166,7 @@ func (l *Link) Send(ctx context.Context, f Frame) error {
 		return ctx.Err()
 	}
 	defer func() { <-l.sendMu }()
-	if err := l.terminal(); err != nil {
+	if err := l.Err(); err != nil {
 		return err
 	}
 	h, residual, err := l.encode(f)
@@ -312,7 +306,7 @@ func (l *Link) beforeRead(first bool) error {
 func (l *Link) Recv(ctx context.Context) (Frame, error) {
 	l.recvMu.Lock()
 	defer l.recvMu.Unlock()
-	if err := l.terminal(); err != nil {
+	if err := l.Err(); err != nil {
 		return Frame{}, err
 	}
 	if l.recvEOF {
@@ -429,7 +423,7 @@ func (l *Link) remoteError(p []byte) error {
 		l.log.Info("peer refused link", "code", uint16(e.Code), "reason", e.Detail)
 	}
 	l.finish(true, 0)
-	return l.terminal()
+	return l.Err()
 }
 
 // sanitize makes peer-supplied text safe for logs.
@@ -463,7 +457,7 @@ func (l *Link) fail(err error) error {
 		return l.refuse(we)
 	}
 	if !l.setErr(err) {
-		return l.terminal()
+		return l.Err()
 	}
 	l.finish(true, codeOf(err))
 	return err
@@ -474,7 +468,7 @@ func (l *Link) fail(err error) error {
 // carries the reason either way.
 func (l *Link) refuse(e *Error) error {
 	if !l.setErr(e) {
-		return l.terminal()
+		return l.Err()
 	}
 	l.log.Warn("refused frame; resetting link", "code", uint16(e.Code), "err", e.Error())
 	select {
@@ -524,7 +518,7 @@ func (l *Link) refuse(e *Error) error {
 // abort ends the link after a send-side failure.
 func (l *Link) abort(c Code, err error) error {
 	if !l.setErr(err) {
-		return l.terminal()
+		return l.Err()
 	}
 	l.finish(true, c)
 	return err
@@ -559,7 +553,7 @@ func (l *Link) CloseSend() error {
 		return l.abort(CodeTimeout, errorf(CodeTimeout, "close: a send is still blocked"))
 	}
 	defer func() { <-l.sendMu }()
-	if err := l.terminal(); err != nil {
+	if err := l.Err(); err != nil {
 		return err
 	}
 	return l.s.CloseWrite()

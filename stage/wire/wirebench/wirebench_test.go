@@ -2,7 +2,9 @@ package wirebench
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/holopeer/holopeer/stage/wire/codec"
 )
@@ -43,4 +45,34 @@ func TestCodecOverheadMeasuresTheDemoStage(t *testing.T) {
 			t.Fatalf("bad row %+v", r)
 		}
 	}
+}
+
+// BenchmarkBytesPerToken reports the table as metrics (b.N is ignored).
+func BenchmarkBytesPerToken(b *testing.B) {
+	for b.Loop() {
+	}
+	rows, err := BytesPerToken(512)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Codec == codec.SubspaceBF16 || r.Codec == codec.BF16 || r.Codec == codec.Int8Block {
+			b.ReportMetric(r.Forward, fmt.Sprintf("%s-d%d-fwd-B/token", r.Codec, r.Dim))
+		}
+	}
+}
+
+// BenchmarkCodecOverhead reports each codec's encode+decode time per token
+// as a fraction of the demo middle stage's forward+backward per token.
+func BenchmarkCodecOverhead(b *testing.B) {
+	for b.Loop() {
+	}
+	rows, err := CodecOverhead(context.Background(), 500*time.Millisecond)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, r := range rows {
+		b.ReportMetric(r.Fraction, r.Codec.String()+"-fraction")
+	}
+	b.ReportMetric(rows[0].StageNsPerToken, "stage-ns/token")
 }
