@@ -1,15 +1,19 @@
+//go:build unix
+
 package gemm
 
 import (
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 )
 
 var experimentKernels []*microKernel
 
-// TestTuneKernels prints min-time GFLOP/s for tuning variants; only with
+// TestTuneKernels prints min-time GFLOP/s of each kernel, and of the
+// variants `go run ./internal/kerngen -experiment` writes; only with
 // GEMM_TUNE=1.
 func TestTuneKernels(t *testing.T) {
 	if os.Getenv("GEMM_TUNE") == "" {
@@ -165,5 +169,41 @@ func TestTuneShapes(t *testing.T) {
 			gf := func(d time.Duration) float64 { return 2 * float64(m*n*k) / d.Seconds() / 1e9 }
 			fmt.Printf("%4dx%4dx%4d tA=%-5v tB=%-5v ours %6.1f gonum %6.1f GFLOP/s (%.1fx)\n", m, n, k, tA, tB, gf(ours), gf(gon), gf(ours)/gf(gon))
 		}
+	}
+}
+
+// TestTuneCPUTime reports GFLOP per CPU-second (user+sys) for 1 and 2
+// threads: on a shared machine this shows the per-core efficiency that
+// wall-clock numbers hide. GEMM_TUNE=1 only.
+func TestTuneCPUTime(t *testing.T) {
+	if os.Getenv("GEMM_TUNE") == "" {
+		t.Skip("GEMM_TUNE not set")
+	}
+	const n = 1024
+	a, b, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
+	for i := range a {
+		a[i], b[i] = float32(i%7)-3, float32(i%5)-2
+	}
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	type cfg struct{ kc, mc, th int }
+	cfgs := []cfg{{256, 144, 1}, {512, 96, 1}, {384, 96, 1}, {256, 72, 1}, {128, 144, 1}, {256, 144, 2}, {512, 96, 2}}
+	for _, cf := range cfgs {
+		kr := *kernels[0]
+		kr.kc, kr.mc = cf.kc, cf.mc
+		th := cf.th
+		withKernel(&kr, th, func() {
+			Sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n)
+			c0, w0 := cpu(), time.Now()
+			const reps = 20
+			for range reps {
+				Sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n)
+			}
+			d := cpu() - c0
+			fmt.Printf("kc=%d mc=%d threads=%d: %.1f GFLOP per CPU-second (per core), wall %.1f GFLOP/s\n", cf.kc, cf.mc, th, reps*2*float64(n*n*n)/d.Seconds()/1e9, reps*2*float64(n*n*n)/time.Since(w0).Seconds()/1e9)
+		})
 	}
 }
