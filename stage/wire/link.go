@@ -68,9 +68,11 @@ type Link struct {
 
 	// sendMu is a one-slot semaphore (so refusals can try it without
 	// blocking); its holder owns w and plain.
-	sendMu chan struct{}
-	w      *recordWriter
-	plain  []byte
+	sendMu       chan struct{}
+	w            *recordWriter
+	plain        []byte
+	sendDeadline time.Time
+	sendCtx      context.Context
 
 	// recvMu's holder owns r, window, payload and recvDeadline.
 	recvMu       sync.Mutex
@@ -80,8 +82,6 @@ type Link struct {
 	recvDeadline time.Time
 	recvCtx      context.Context
 	recvEOF      bool // the peer closed its sending side
-	sendDeadline time.Time
-	sendCtx      context.Context
 
 	// mu guards the following fields.
 	mu       sync.Mutex
@@ -129,7 +129,7 @@ func (l *Link) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := l.stats
-	st.BytesSent, st.BytesRecv = l.w.written, l.r.read
+	st.BytesSent, st.BytesRecv = l.w.written.Load(), l.r.read.Load()
 	return st
 }
 
@@ -346,7 +346,7 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 func (l *Link) read(ctx context.Context) (header, []byte, error) {
 	l.recvCtx = ctx
 	stop := context.AfterFunc(ctx, func() { _ = l.s.SetReadDeadline(time.Unix(1, 0)) })
-	before := l.r.read
+	before := l.r.read.Load()
 	h, payload, err := l.r.readFrame(
 		func(h *header) error { return l.spec.checkHeader(h, l.job, &l.window) },
 		l.buffer)
@@ -354,7 +354,7 @@ func (l *Link) read(ctx context.Context) (header, []byte, error) {
 	if err == nil {
 		return h, payload, nil
 	}
-	if l.r.read == before && !isRefusal(err) && (ctxErr(ctx) != nil || isTimeout(err)) {
+	if l.r.read.Load() == before && !isRefusal(err) && (ctxErr(ctx) != nil || isTimeout(err)) {
 		// Nothing of the next frame was consumed: the link is intact.
 		if cerr := ctxErr(ctx); cerr != nil {
 			return h, nil, cerr

@@ -31,6 +31,18 @@ func TestLinkCarriesForwardAndBackwardConcurrently(t *testing.T) {
 		fwd[i], bwd[i] = randData(r, n*d), randData(r, n*d)
 	}
 	errc := make(chan error, 2)
+	polling := make(chan struct{})
+	defer close(polling)
+	go func() { // a dashboard reading counters while frames move
+		for {
+			select {
+			case <-polling:
+				return
+			default:
+				_, _ = up.Stats(), down.Stats()
+			}
+		}
+	}()
 	go func() { // upstream: forward out
 		for i, x := range fwd {
 			if err := up.Send(ctx, Frame{Kind: KindForward, Step: uint64(i / 2), Micro: uint32(i % 2), Data: x}); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 
 	"github.com/flynn/noise"
 )
@@ -26,8 +27,8 @@ type recordWriter struct {
 	buf         []byte // sealed records not yet written
 	spare       []byte // the other buffer, idle or being written
 	inflight    chan writeResult
-	scratch     []byte // plaintext of a frame's first record
-	written     int64  // bytes handed to w
+	scratch     []byte       // plaintext of a frame's first record
+	written     atomic.Int64 // bytes handed to w; read by Stats
 	beforeWrite func() error
 }
 
@@ -70,7 +71,7 @@ func (w *recordWriter) wait() error {
 	}
 	r := <-w.inflight
 	w.inflight = nil
-	w.written += int64(r.n)
+	w.written.Add(int64(r.n))
 	return r.err
 }
 
@@ -134,9 +135,9 @@ func (w *recordWriter) writeFrame(h *header, payload []byte) error {
 type recordReader struct {
 	cs         *noise.CipherState
 	r          io.Reader
-	ct         []byte // one record's ciphertext
-	first      []byte // plaintext of a frame's first record
-	read       int64  // bytes taken from r
+	ct         []byte       // one record's ciphertext
+	first      []byte       // plaintext of a frame's first record
+	read       atomic.Int64 // bytes taken from r; read by Stats
 	beforeRead func(first bool) error
 }
 
@@ -156,7 +157,7 @@ func (r *recordReader) readRecord(dst []byte, want, minPlain int, first bool) ([
 	}
 	var lb [recordPrefix]byte
 	n, err := io.ReadFull(r.r, lb[:])
-	r.read += int64(n)
+	r.read.Add(int64(n))
 	if err != nil {
 		if first && errors.Is(err, io.EOF) {
 			return nil, io.EOF // clean end between frames
@@ -174,7 +175,7 @@ func (r *recordReader) readRecord(dst []byte, want, minPlain int, first bool) ([
 		return nil, errorf(CodeMalformed, "record of %d bytes is too short", l)
 	}
 	n, err = io.ReadFull(r.r, r.ct[:l])
-	r.read += int64(n)
+	r.read.Add(int64(n))
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
