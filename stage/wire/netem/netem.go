@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -44,7 +45,12 @@ func Available() error {
 	return nil
 }
 
-var ourName = regexp.MustCompile(`^hpw([0-9]+)[ab]$`)
+// Names are hpw<pid>n<seq>a and …b: unique per process and per Setup,
+// at most 15 bytes (the kernel's limit for device names).
+var (
+	ourName = regexp.MustCompile(`^hpw([0-9]+)n[0-9]+[ab]$`)
+	setups  atomic.Int64
+)
 
 // Setup builds the link. Close it when done.
 func Setup(ctx context.Context, cfg Config) (_ *Link, err error) {
@@ -53,9 +59,9 @@ func Setup(ctx context.Context, cfg Config) (_ *Link, err error) {
 	}
 	cfg = cfg.withDefaults()
 	sweepStale(ctx)
-	pid := os.Getpid()
+	pid, seq := os.Getpid(), setups.Add(1)%1000
 	l := &Link{
-		NS:   [2]string{fmt.Sprintf("hpw%da", pid), fmt.Sprintf("hpw%db", pid)},
+		NS:   [2]string{fmt.Sprintf("hpw%dn%da", pid, seq), fmt.Sprintf("hpw%dn%db", pid, seq)},
 		Addr: [2]netip.Addr{netip.MustParseAddr("10.201.0.1"), netip.MustParseAddr("10.201.0.2")},
 		Cfg:  cfg,
 	}

@@ -4,7 +4,7 @@
 // boundary over it with each codec.
 //
 // It needs root. It creates two namespaces and the devices between them,
-// named hpw<pid>a and hpw<pid>b, touches nothing else, removes them on
+// named hpw<pid>n<seq>a and …b, touches nothing else, removes them on
 // Close and on SIGINT/SIGTERM, and removes leftovers of its own earlier
 // runs whose process is gone.
 //
