@@ -19,15 +19,17 @@ import (
 //
 //   - A private node does not dial a peer it can only reach through a
 //     relay until it speaks /libp2p/dcutr itself (relayDialReady).
-//   - The direct-path keeper re-opens a relayed connection that stayed
-//     relayed without a hole punch, or after a failed one, so that the
-//     other side punches again. Of two peers, only the one with the lower
-//     peer ID re-opens, so they never race; retries back off from
-//     keeperFirst to keeperMax, and a connection carrying streams is left
-//     alone.
+//   - The direct-path keeper re-opens relayed connections, so that the
+//     other side (the receiver of a relayed connection starts DCUtR)
+//     punches again. It does so at once for a connection that opened
+//     before this node spoke /libp2p/dcutr and saw no hole punch: nobody
+//     will punch it. It does so after keeperFirst, backing off to
+//     keeperMax, for one that stayed relayed after a hole punch or
+//     without one; then only the peer with the lower peer ID re-opens, so
+//     two peers never race. A connection carrying streams is left alone.
 
 const (
-	keeperTick  = 2 * time.Second
+	keeperTick  = time.Second
 	keeperFirst = 8 * time.Second // let DCUtR's own first round finish
 	keeperMax   = 10 * time.Minute
 )
@@ -97,26 +99,46 @@ func (n *Host) keepDirect(now time.Time, state map[lpeer.ID]*keeperState) {
 			st = &keeperState{since: now, nextTry: now.Add(keeperFirst)}
 			state[p] = st
 		}
+		if n.openedBeforeDCUtR(p) && !n.nat.punchSeen(p) {
+			st.tries++
+			n.reopenRelayed(p, st.tries, "it opened before this node could hole-punch")
+			continue
+		}
 		if now.Before(st.nextTry) || bytes.Compare([]byte(n.h.ID()), []byte(p)) > 0 || n.nat.punchBusy(p, now) {
 			continue
 		}
 		st.tries++
 		st.nextTry = now.Add(min(keeperFirst<<st.tries, keeperMax))
-		n.reopenRelayed(p, st.tries)
+		n.reopenRelayed(p, st.tries, "it stayed relayed")
 	}
+}
+
+// openedBeforeDCUtR reports whether a relayed connection to p opened
+// before we registered /libp2p/dcutr, so that no hole punch started on it.
+func (n *Host) openedBeforeDCUtR(p lpeer.ID) bool {
+	ready := n.dcutrAt.Load()
+	if ready == 0 {
+		return false
+	}
+	for _, c := range n.h.Network().ConnsToPeer(p) {
+		if c.Stat().Limited && c.Stat().Opened.UnixNano() < ready {
+			return true
+		}
+	}
+	return false
 }
 
 // reopenRelayed closes our idle relayed connections to p and dials it
 // through a relay again, so p sees a fresh inbound relayed connection and
 // starts a hole punch.
-func (n *Host) reopenRelayed(p lpeer.ID, try int) {
+func (n *Host) reopenRelayed(p lpeer.ID, try int, why string) {
 	conns := n.h.Network().ConnsToPeer(p)
 	for _, c := range conns {
 		if !c.Stat().Limited || len(c.GetStreams()) > 0 {
 			return // direct already, or busy: leave it be
 		}
 	}
-	n.nat.log.Info("relayed connection not upgraded; re-opening it so the peer hole-punches again", "peer", p, "try", try, "last", n.nat.lastPunchError(p))
+	n.nat.log.Info("re-opening a relayed connection so the peer hole-punches it", "peer", p, "because", why, "try", try, "last", n.nat.lastPunchError(p))
 	for _, c := range conns {
 		c.Close()
 	}
@@ -134,6 +156,13 @@ func (s *natState) punchBusy(p lpeer.ID, now time.Time) bool {
 	defer s.mu.Unlock()
 	sum := s.punches[p]
 	return sum != nil && (sum.active || now.Sub(sum.lastAt) < keeperFirst)
+}
+
+// punchSeen reports whether any hole punch with p was recorded.
+func (s *natState) punchSeen(p lpeer.ID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.punches[p] != nil
 }
 
 func (s *natState) lastPunchError(p lpeer.ID) string {

@@ -25,6 +25,7 @@ import (
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/protocol/holepunch"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
@@ -90,6 +91,7 @@ type Host struct {
 	lh         atomic.Pointer[host.Host] // h, for callbacks libp2p may run before New returns
 	reachOut   event.Emitter             // our reachability verdicts; see reachability.go
 	probeSlots chan struct{}             // probes being answered; see probe.go
+	dcutrAt    atomic.Int64              // when we began to speak /libp2p/dcutr (unix ns); see direct.go
 
 	// Wholly owned by the watchEvents goroutine.
 	connState map[lpeer.ID]network.Connectedness
@@ -151,6 +153,9 @@ func New(ctx context.Context, opts ...Option) (_ *Host, err error) {
 	if err := checkPortsFree(cfg.listen); err != nil {
 		return nil, err
 	}
+	// A first verdict from configuration alone, so that auto-relay, which
+	// libp2p starts while the host is built, already finds relays.
+	n.reach = decideReachability(n.staticEvidence()).Reachability
 	if n.h, err = newLibp2pHost(n.cfg, n.natOptions()); err != nil {
 		return nil, err
 	}
@@ -203,6 +208,9 @@ func New(ctx context.Context, opts ...Option) (_ *Host, err error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("event bus: %w", err)
+	}
+	if n.speaksDCUtR() { // registered before we subscribed
+		n.dcutrAt.CompareAndSwap(0, time.Now().UnixNano())
 	}
 	n.wg.Add(1)
 	go n.watchEvents()
@@ -559,6 +567,10 @@ func (n *Host) watchEvents() {
 				if slices.Contains(ev.Removed, dhtProtocol) {
 					n.nat.log.Info("DHT mode", "mode", "client")
 				}
+				if slices.Contains(ev.Added, holepunch.Protocol) {
+					n.dcutrAt.Store(time.Now().UnixNano())
+					n.nat.log.Info("hole punching ready (a peer observed a public address of ours)")
+				}
 			case event.EvtNATDeviceTypeChanged:
 				n.nat.log.Info("libp2p classified the NAT", "transport", ev.TransportProtocol.String(), "type", ev.NatDeviceType.String())
 			}
@@ -632,6 +644,19 @@ func (n *Host) havePunchAddr() bool {
 		}
 	}
 	return false
+}
+
+// staticEvidence is what is known before the host runs: configuration
+// and the interface addresses we are about to listen on.
+func (n *Host) staticEvidence() reachEvidence {
+	e := reachEvidence{Forced: n.cfg.reachability, Announced: n.cfg.announce}
+	if ifaces, err := manet.InterfaceMultiaddrs(); err == nil {
+		e.Own, _ = manet.ResolveUnspecifiedAddresses(n.cfg.listen, ifaces)
+	}
+	for _, ai := range n.cfg.bootstrap {
+		e.PublicPeers = e.PublicPeers || anyPublic(ai.Addrs)
+	}
+	return e
 }
 
 // evidence gathers what reachability is decided on (reachability.go).

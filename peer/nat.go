@@ -542,11 +542,11 @@ func (n *Host) relayCandidates(_ context.Context, num int) <-chan lpeer.AddrInfo
 	n.mu.Lock()
 	private := n.reach == network.ReachabilityPrivate
 	n.mu.Unlock()
-	h := n.lh.Load()
-	if !private || h == nil {
+	if !private {
 		return out
 	}
-	seen := map[lpeer.ID]bool{(*h).ID(): true}
+	self, _ := lpeer.IDFromPrivateKey(n.cfg.key)
+	seen := map[lpeer.ID]bool{self: true}
 	offer := func(ai lpeer.AddrInfo) {
 		if len(out) < cap(out) && !seen[ai.ID] {
 			seen[ai.ID] = true
@@ -560,6 +560,10 @@ func (n *Host) relayCandidates(_ context.Context, num int) <-chan lpeer.AddrInfo
 		if anyPublic(ai.Addrs) {
 			offer(ai)
 		}
+	}
+	h := n.lh.Load() // nil while libp2p builds the host
+	if h == nil {
+		return out
 	}
 	for _, p := range (*h).Network().Peers() {
 		if protos, err := (*h).Peerstore().SupportsProtocols(p, circuitproto.ProtoIDv2Hop); err == nil && len(protos) > 0 {

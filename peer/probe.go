@@ -24,7 +24,8 @@ import (
 //
 // Wire, all integers big-endian:
 //
-//	caller → callee: payload length (8 bytes, ≤ MaxProbeBytes), payload
+//	caller → callee: payload length (8 bytes, ≤ MaxProbeBytes), payload,
+//	                 then the caller half-closes
 //	callee → caller: bytes received (8 bytes), SHA-256 of them (32 bytes)
 const ProbeProtocol protocol.ID = "/holopeer/probe/1.0.0"
 
@@ -164,6 +165,14 @@ func (n *Host) serveProbe(s network.Stream) {
 	got, err := io.CopyN(sum, s, size)
 	if err != nil {
 		n.log.Debug("probe cut short", "peer", s.Conn().RemotePeer(), "got", got, "want", size, "err", err)
+		s.Reset()
+		return
+	}
+	// Wait for the caller's half-close before answering: closing our
+	// side first would cancel its write side under it (QUIC STOP_SENDING).
+	var extra [1]byte
+	if k, err := s.Read(extra[:]); k != 0 || !errors.Is(err, io.EOF) {
+		n.log.Debug("probe longer than announced", "peer", s.Conn().RemotePeer(), "want", size)
 		s.Reset()
 		return
 	}

@@ -213,9 +213,16 @@ func TestNATTraversal(t *testing.T) {
 		stopSignal()
 		stopAll()
 		if t.Failed() {
+			// Full logs to files (they are long at debug level), the end
+			// of each in the test output.
+			dir, err := os.MkdirTemp("", "holopeer-natlab-logs-")
 			for _, n := range nodes {
-				t.Logf("---- %s (%s) stderr:\n%s", n.name, n.id, tail(n.stderr(), 150))
+				if err == nil {
+					os.WriteFile(filepath.Join(dir, n.name+".log"), []byte(n.stderr()), 0o644)
+				}
+				t.Logf("---- %s (%s) stderr, last lines:\n%s", n.name, n.id, tail(n.stderr(), 40))
 			}
+			t.Logf("full node logs in %s", dir)
 		}
 		if err := lab.Close(); err != nil {
 			t.Error(err)
@@ -300,13 +307,16 @@ func TestNATTraversal(t *testing.T) {
 		}
 	}
 	for _, n := range private {
-		st, err := statusOf(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Reachability != "private" || len(st.NAT.Relays) == 0 {
-			t.Errorf("%s: reachability %s (%s), relays %v; want private with a relay reservation", n.name, st.Reachability, st.NAT.ReachabilityReason, st.NAT.Relays)
-		}
+		waitFor(n.name+" is private and holds a relay reservation", 20*time.Second, func() error {
+			st, err := statusOf(n)
+			if err != nil {
+				return err
+			}
+			if st.Reachability != "private" || len(st.NAT.Relays) == 0 {
+				return fmt.Errorf("reachability %s (%s), relays %v", st.Reachability, st.NAT.ReachabilityReason, st.NAT.Relays)
+			}
+			return nil
+		})
 	}
 	st1, err := statusOf(pub1)
 	if err != nil {
