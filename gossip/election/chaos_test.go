@@ -31,7 +31,7 @@ func TestChaos(t *testing.T) {
 			seeds = append(seeds, uint64(1000+s))
 		}
 	}
-	if testing.Short() {
+	if testing.Short() || (raceEnabled && *chaosSeed == 0 && *chaosSeeds == 0) {
 		seeds = seeds[:1]
 	}
 	for _, seed := range seeds {
