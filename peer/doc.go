@@ -17,4 +17,18 @@
 // Members are peers that hold a valid capability record for the same swarm
 // and are connected now; Members() is what status and the placement
 // planner read.
+//
+// NAT traversal (nat.go, reachability.go, direct.go): a node decides
+// whether it is publicly reachable from evidence it holds (reachability.go
+// lists the rules), because AutoNAT alone stays "unknown" in a swarm with
+// one public node. Public nodes serve the DHT and relay for others
+// (WithRelayService); private nodes are DHT clients, reserve relay slots
+// (their bootstrap peers, WithStaticRelays, relays met in the swarm), and
+// upgrade relayed connections to direct ones by hole punching (DCUtR).
+// Every member is reported direct or relayed, with the reason
+// (Member.RelayReason); NAT() reports reachability, NAT mapping, relays,
+// relay-service counters and hole-punch history. Relayed connections are
+// limited: streams cross them only when opened with
+// network.WithAllowLimitedConn. The probe protocol (probe.go) checks a
+// path end to end.
 package peer

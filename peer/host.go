@@ -668,6 +668,7 @@ func (n *Host) evidence() reachEvidence {
 		Mapped:    n.nat.ports.mapped(),
 		Observed:  n.nat.observations(),
 	}
+	n.nat.noteMapped(e.Mapped)
 	if ch, ok := n.h.(interface {
 		ConfirmedAddrs() (reachable, unreachable, unknown []ma.Multiaddr)
 	}); ok {

@@ -198,6 +198,7 @@ type RelayServiceInfo struct {
 
 // relayStats implements relayv2.MetricsTracer with plain counters.
 type relayStats struct {
+	log          *slog.Logger
 	enabled      atomic.Bool
 	reservations atomic.Int64
 	circuitsOpen atomic.Int64
@@ -206,8 +207,13 @@ type relayStats struct {
 	bytes        atomic.Uint64
 }
 
-func (s *relayStats) RelayStatus(enabled bool) { s.enabled.Store(enabled) }
-func (s *relayStats) ConnectionOpened()        { s.circuitsOpen.Add(1); s.circuits.Add(1) }
+func (s *relayStats) RelayStatus(enabled bool) {
+	s.enabled.Store(enabled)
+	if s.log != nil {
+		s.log.Info("relay service", "serving", enabled)
+	}
+}
+func (s *relayStats) ConnectionOpened() { s.circuitsOpen.Add(1); s.circuits.Add(1) }
 func (s *relayStats) ConnectionClosed(time.Duration) {
 	s.circuitsOpen.Add(-1)
 }
@@ -251,6 +257,7 @@ type natState struct {
 	verdict  reachVerdict
 	observed []observation
 	relays   []ma.Multiaddr // our circuit addresses (reservations held)
+	mapped   []ma.Multiaddr // port mappings last seen
 	punchLog []HolePunchRecord
 	punches  map[lpeer.ID]*punchSummary
 }
@@ -258,8 +265,10 @@ type natState struct {
 func newNATState(log *slog.Logger, limit relayv2.RelayLimit) *natState {
 	res := relayv2.DefaultResources()
 	res.Limit = &limit
+	l := log.With("component", "nat")
 	return &natState{
-		log:      log.With("component", "nat"),
+		log:      l,
+		relay:    relayStats{log: l},
 		relayRes: res,
 		verdict:  reachVerdict{network.ReachabilityUnknown, "not decided yet"},
 		punches:  map[lpeer.ID]*punchSummary{},
@@ -297,7 +306,7 @@ func (s *natState) Trace(evt *holepunch.Event) {
 			sum.attempts, sum.successAt, sum.lastErr = 0, now, ""
 		} else {
 			sum.attempts++
-			sum.lastErr = oneLine(e.Error)
+			sum.lastErr = compactDialError(e.Error)
 		}
 		rec.Kind, rec.Attempt, rec.Success, rec.Error, rec.Elapsed, rec.Addrs = "attempt", sum.attempts, e.Success, oneLine(e.Error), e.EllapsedTime, sum.addrs
 		if e.Success {
@@ -647,4 +656,45 @@ func (s *natState) portHint() string {
 		}
 	}
 	return ""
+}
+
+// compactDialError shortens libp2p's "all dials failed" list (one line per
+// address, loopback and self-dials included) to what a person needs: how
+// many addresses failed and why the public ones did.
+func compactDialError(s string) string {
+	head, list, ok := strings.Cut(s, "\n  * ")
+	if !ok {
+		return strings.Join(strings.Fields(s), " ")
+	}
+	if strings.Contains(head, "all dials failed") {
+		head = "all dials failed"
+	}
+	var public []string
+	n := 0
+	for _, line := range strings.Split(list, "\n  * ") {
+		n++
+		addr, why, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "["), "] ")
+		if a, err := ma.NewMultiaddr(addr); err == nil && manet.IsPublicAddr(a) {
+			if i := strings.LastIndex(why, ": "); i >= 0 {
+				why = why[i+2:]
+			}
+			public = append(public, addr+" "+why)
+		}
+	}
+	out := fmt.Sprintf("%s (%d addresses", strings.Join(strings.Fields(head), " "), n)
+	if len(public) > 0 {
+		out += "; public: " + strings.Join(public, ", ")
+	}
+	return out + ")"
+}
+
+// noteMapped logs when the router's port mappings change.
+func (s *natState) noteMapped(addrs []ma.Multiaddr) {
+	s.mu.Lock()
+	changed := !slices.EqualFunc(s.mapped, addrs, ma.Multiaddr.Equal)
+	s.mapped = slices.Clone(addrs)
+	s.mu.Unlock()
+	if changed {
+		s.log.Info("router port mapping (UPnP/NAT-PMP)", "mapped", addrs)
+	}
 }

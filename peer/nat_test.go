@@ -100,6 +100,16 @@ func TestClassifyMapping(t *testing.T) {
 	}
 }
 
+func TestCompactDialError(t *testing.T) {
+	got := compactDialError("failed to dial: failed to dial 12D3KooWJGHn: all dials failed\n  * [/ip4/127.0.0.1/tcp/4001] dial to self attempted\n  * [/ip4/7.7.7.13/tcp/15901] dial tcp4 0.0.0.0:4001->7.7.7.13:15901: i/o timeout\n  * [/ip4/10.0.3.2/udp/4001/quic-v1] context deadline exceeded")
+	if want := "all dials failed (3 addresses; public: /ip4/7.7.7.13/tcp/15901 i/o timeout)"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if got := compactDialError("failed to dial:\ncontext canceled"); got != "failed to dial: context canceled" {
+		t.Fatalf("got %q", got)
+	}
+}
+
 func TestNATOptionsValidate(t *testing.T) {
 	if _, err := ParseReachability("sometimes"); err == nil {
 		t.Fatal("bad reachability accepted")
