@@ -36,7 +36,10 @@ type GoodputOptions struct {
 	Duration   time.Duration // sending time per transport and round; 0 means 1 s
 	Rounds     int           // rounds, keeping each figure's best; 0 means 3
 	FrameBytes int           // payload per frame, a multiple of 4096; 0 means 4 MiB
-	Logger     *slog.Logger  // nil: discard
+	// Security is the libp2p transport security the hosts prefer: "noise"
+	// (the default, as peer/ builds hosts) or "tls".
+	Security string
+	Logger   *slog.Logger // nil: discard
 }
 
 // GoodputResult is payload delivered per second, in MB/s (10⁶ bytes).
@@ -165,10 +168,18 @@ func benchLinks(ctx context.Context, o GoodputOptions, id codec.ID, d, tokens in
 			cleanup()
 		}
 	}()
+	// holopeer's hosts (peer/) prefer Noise, then TLS.
+	security := []libp2p.Option{libp2p.Security(lpnoise.ID, lpnoise.New), libp2p.Security(libp2ptls.ID, libp2ptls.New)}
+	switch o.Security {
+	case "", "noise":
+	case "tls":
+		security[0], security[1] = security[1], security[0]
+	default:
+		return nil, nil, cleanup, fmt.Errorf("wire: unknown libp2p security %q (noise or tls)", o.Security)
+	}
 	mk := func() (host.Host, error) {
-		h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.Transport(tcp.NewTCPTransport), libp2p.DisableMetrics(),
-			// holopeer's hosts (peer/) prefer Noise, then TLS.
-			libp2p.Security(lpnoise.ID, lpnoise.New), libp2p.Security(libp2ptls.ID, libp2ptls.New))
+		h, err := libp2p.New(append([]libp2p.Option{libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"),
+			libp2p.Transport(tcp.NewTCPTransport), libp2p.DisableMetrics()}, security...)...)
 		if err == nil {
 			closers = append(closers, func() { _ = h.Close() })
 		}

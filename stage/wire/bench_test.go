@@ -22,13 +22,15 @@ func TestFrameWireBytesAtRecordBoundaries(t *testing.T) {
 func BenchmarkGoodput(b *testing.B) {
 	for b.Loop() {
 	}
-	r, err := MeasureGoodput(context.Background(), GoodputOptions{Duration: 500 * time.Millisecond})
-	if err != nil {
-		b.Fatal(err)
+	for _, sec := range []string{"noise", "tls"} {
+		r, err := MeasureGoodput(context.Background(), GoodputOptions{Duration: 500 * time.Millisecond, Security: sec})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(r.StreamMBps, sec+"-stream-MB/s")
+		b.ReportMetric(r.LinkFP32MBps, sec+"-fp32link-MB/s")
+		b.ReportMetric(r.TCPMBps, sec+"-run-tcp-MB/s")
+		b.ReportMetric(r.StreamMBps/r.TCPMBps, sec+"-stream/tcp")
+		b.Logf("libp2p security under the stage stream: %s", r.Security)
 	}
-	b.ReportMetric(r.StreamMBps, "stream-MB/s")
-	b.ReportMetric(r.LinkFP32MBps, "fp32link-MB/s")
-	b.ReportMetric(r.TCPMBps, "tcp-MB/s")
-	b.ReportMetric(r.StreamMBps/r.TCPMBps, "stream/tcp")
-	b.Logf("libp2p security under the stage stream: %s", r.Security)
 }
