@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
@@ -641,4 +643,53 @@ func relErr(got []float32, want []float64) float64 {
 		den += want[i] * want[i]
 	}
 	return math.Sqrt(num / max(den, 1e-300))
+}
+
+// TestShardedCheckpoint splits model.safetensors into two shards with an
+// index, as transformers does for large models: it loads to the same
+// logits; an index pointing outside the directory is refused.
+func TestShardedCheckpoint(t *testing.T) {
+	m := newModel(t, small())
+	dir := save(t, []*model.Stage{m.Stage})
+	f, err := safetensors.Open(filepath.Join(dir, checkpoint.ModelFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts [2][]safetensors.Tensor
+	weightMap := map[string]string{}
+	for i, info := range f.Tensors() {
+		x, err := f.ReadTensor(info.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts[i%2] = append(parts[i%2], x)
+		weightMap[info.Name] = fmt.Sprintf("model-%05d-of-00002.safetensors", i%2+1)
+	}
+	f.Close()
+	os.Remove(filepath.Join(dir, checkpoint.ModelFile))
+	for i, p := range parts {
+		if err := safetensors.Write(filepath.Join(dir, fmt.Sprintf("model-%05d-of-00002.safetensors", i+1)), p, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeIndex := func(wm map[string]string) {
+		b, _ := json.Marshal(map[string]any{"metadata": map[string]int{"total_size": 1}, "weight_map": wm})
+		if err := os.WriteFile(filepath.Join(dir, checkpoint.ModelIndexFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeIndex(weightMap)
+	loaded, err := checkpoint.LoadModel(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loaded.Close()
+	if got, want := logits(t, loaded.Stage, prompt), logits(t, m.Stage, prompt); !slices.Equal(got, want) {
+		t.Errorf("sharded load differs by %.3g", maxDiff(got, want))
+	}
+	weightMap[model.NameFinalNorm] = "../" + weightMap[model.NameFinalNorm]
+	writeIndex(weightMap)
+	if _, err := checkpoint.LoadModel(dir); !errors.Is(err, checkpoint.ErrConfig) || !strings.Contains(err.Error(), model.NameFinalNorm) {
+		t.Errorf("index pointing outside the directory: %v", err)
+	}
 }

@@ -7,7 +7,9 @@
 // A stage reads only its own tensors: Open parses the safetensors headers
 // alone, and LoadStage checks every tensor the span needs against them
 // (present, right shape, a float dtype) before it allocates anything, then
-// reads each tensor's byte range by offset.
+// reads each tensor's byte range by offset. A sharded checkpoint
+// (model.safetensors.index.json naming model-0000k-of-0000n.safetensors)
+// loads the same way, each tensor from its shard.
 //
 // Beside the Hugging Face files a training checkpoint may hold:
 //   - subspace.safetensors: the factors Z of a subspace-constrained model

@@ -22,19 +22,37 @@ type Checkpoint struct {
 	// HF is config.json as parsed.
 	HF HFConfig
 
-	model   *safetensors.File
+	model   tensorFile        // model.safetensors, or the shards its index names
 	factors *safetensors.File // nil when the checkpoint holds no factors
 }
 
+// tensorFile is where tensors are read from: one safetensors file, or the
+// shards of a sharded checkpoint.
+type tensorFile interface {
+	Info(name string) (safetensors.TensorInfo, bool)
+	ReadFloat32(name string, shape []int, dst []float32) error
+	Close() error
+}
+
 // Open reads dir's config.json and the headers of its model.safetensors
-// (and subspace.safetensors, when present). Nothing else is read.
+// (or of every shard model.safetensors.index.json names) and of
+// subspace.safetensors, when present. Nothing else is read.
 func Open(dir string) (*Checkpoint, error) {
 	hf, err := ReadConfig(dir)
 	if err != nil {
 		return nil, err
 	}
-	mf, err := safetensors.Open(filepath.Join(dir, ModelFile))
-	if err != nil {
+	if _, err := hf.Model(); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
+	}
+	var mf tensorFile
+	if single := filepath.Join(dir, ModelFile); fileExists(single) || !fileExists(filepath.Join(dir, ModelIndexFile)) {
+		f, err := safetensors.Open(single)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
+		}
+		mf = f
+	} else if mf, err = openShards(dir); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 	}
 	var ff *safetensors.File
@@ -44,16 +62,7 @@ func Open(dir string) (*Checkpoint, error) {
 			return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
 		}
 	}
-	c, err := OpenFiles(hf, mf, ff)
-	if err != nil {
-		mf.Close()
-		if ff != nil {
-			ff.Close()
-		}
-		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
-	}
-	c.Dir = dir
-	return c, nil
+	return &Checkpoint{Dir: dir, HF: hf, model: mf, factors: ff}, nil
 }
 
 // OpenFiles assembles a checkpoint from a parsed config and opened
@@ -185,7 +194,7 @@ func checkSpan(cfg model.Config, span model.Span) error {
 }
 
 // file returns the open file that holds ref.
-func (c *Checkpoint) file(ref TensorRef) (*safetensors.File, error) {
+func (c *Checkpoint) file(ref TensorRef) (tensorFile, error) {
 	if ref.File == FactorsFile {
 		if c.factors == nil {
 			return nil, fmt.Errorf("%w: %q: the checkpoint has no %s (it holds a dense model; load it without the subspace constraint)",
