@@ -254,19 +254,24 @@ tn_has() {
 
 tn_flag_type() { awk -v c="$1" -v f="$2" '$1 == c && $2 == f { print $3; exit }' "$TN_RUN/features" 2>/dev/null; }
 
-# tn_flags_for_features: the flags each kind of node gets, from what the
-# binary supports. This is the one place to adjust when a colleague's flag
-# lands with a different meaning than expected.
-#   TN_BOOT_FLAGS       bootstrap nodes: run a relay service
+# tn_flags_for_features RELAYS: the flags each kind of node gets, from what
+# the binary supports. This is the one place to adjust when a colleague's
+# flag lands with a different meaning than expected.
+#   TN_BOOT_FLAGS       bootstrap nodes: public by fiat (they are the
+#                       testnet's infrastructure) and relays for NATed peers
 #   TN_CANDIDATE_FLAGS  nodes that may become coordinator (sim TEE, testnets only)
-#   TN_HOME_FLAGS       nodes behind a home router: use the bootstraps as relays
+#   TN_HOME_FLAGS       nodes behind a home router: reserve slots on the
+#                       bootstraps' relays (RELAYS), find out the rest alone
 #   TN_EXTRA_FLAGS      every node (TN_EXTRA_FLAGS from the caller's environment)
 tn_flags_for_features() {
 	local boot="" cand="" home="" relays=$1
+	if tn_has up reachability; then
+		boot="--reachability public"
+	fi
 	if tn_has up relay; then
 		case $(tn_flag_type up relay) in
-		bool) boot="--relay" ;;
-		*) boot="--relay=service" ;;
+		bool) boot="$boot --relay" ;;
+		*) boot="$boot --relay=service" ;;
 		esac
 	fi
 	if tn_has up tee && tn_has up allow-sim; then
@@ -275,7 +280,7 @@ tn_flags_for_features() {
 	if tn_has up relay-addr && [ -n "$relays" ]; then
 		home="--relay-addr $relays"
 	fi
-	tn_env_set TN_BOOT_FLAGS "$boot"
+	tn_env_set TN_BOOT_FLAGS "${boot# }"
 	tn_env_set TN_CANDIDATE_FLAGS "$cand"
 	tn_env_set TN_HOME_FLAGS "$home"
 	tn_env_set TN_EXTRA_FLAGS "${TN_EXTRA_FLAGS:-}"

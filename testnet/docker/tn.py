@@ -27,6 +27,19 @@ import sys
 PRIVATE = re.compile(r"^/ip4/(10\.|127\.|192\.168\.|172\.(1[6-9]|2\d|3[01])\.)")
 
 
+def show_addr(a):
+    """A multiaddr without peer ids; a relay address as RELAY/p2p-circuit."""
+    if "/p2p-circuit" in a:
+        return a.split("/p2p/")[0] + "/p2p-circuit"
+    return a.split("/p2p/")[0]
+
+
+def addr_rank(a):
+    """Public addresses first (what the peer looks like from the internet),
+    then private ones, then relay addresses."""
+    return 2 if "/p2p-circuit" in a else (1 if PRIVATE.match(a) else 0)
+
+
 def short(pid):
     return "…" + pid[-6:] if pid else "?"
 
@@ -148,7 +161,7 @@ def print_status(nodes, routers, names, f):
     else:
         print("coordinator  none")
     bypeer = {p.get("peer_id"): p for p in vst.get("peers") or []}
-    rows = [("NODE", "WHERE", "STATE", "PEER", "CONN", "REACH", "ADDRESS")]
+    rows = [("NODE", "WHERE", "STATE", "PEER", "CONN", "REACH", "MAPPING", "PUNCH", "ADDRESS")]
     for name in sorted(nodes):
         n = nodes[name]
         st = n["status"] or {}
@@ -160,14 +173,18 @@ def print_status(nodes, routers, names, f):
             conn = p.get("conn") or "?"
         else:
             conn = "-"
-        addrs = [a.split("/p2p/")[0] for a in ((p or {}).get("addrs") or st.get("addrs") or []) if "/127.0.0.1/" not in a]
-        addrs.sort(key=lambda a: bool(PRIVATE.match(a)))  # a public (observed) address first
+        addrs = sorted((show_addr(a) for a in ((p or {}).get("addrs") or st.get("addrs") or []) if "/127.0.0.1/" not in a), key=addr_rank)
         state = n["state"] if n["status"] or n["state"] != "running" else "no answer"
-        rows.append((name, where(n), state, short(pid) if pid else "?", conn, st.get("reachability") or "?", addrs[0] if addrs else ""))
+        nat = st.get("nat") or {}
+        mapping = ",".join("%s:%s" % (k, v.replace("endpoint-", "")) for k, v in sorted((nat.get("mapping") or {}).items())) or "-"
+        punches = nat.get("hole_punch") or []
+        ok = sum(1 for h in punches if h.get("success"))
+        punch = "%d/%d" % (ok, len(punches)) if punches else "-"
+        rows.append((name, where(n), state, short(pid) if pid else "?", conn, st.get("reachability") or "?", mapping, punch, addrs[0] if addrs else ""))
     known = set(names)
     for pid, p in bypeer.items():
         if pid not in known:
-            rows.append(("?", "?", "?", short(pid), p.get("conn") or "?", "?", (p.get("addrs") or [""])[0]))
+            rows.append(("?", "?", "?", short(pid), p.get("conn") or "?", "?", "", "", show_addr((p.get("addrs") or [""])[0])))
     print(table(rows))
 
     live = [n for n in sorted(nodes) if nodes[n]["status"]]
@@ -185,7 +202,7 @@ def print_status(nodes, routers, names, f):
             rows.append(row)
         print(table(rows))
 
-    print()
+    print("\nMAPPING is the NAT mapping each node measured for itself, PUNCH its hole punches (succeeded/tried).")
     print("direct across routers:      %s" % (", ".join("%s<->%s" % tuple(p) for p in f["direct_cross_router"]) or "none"))
     print("relayed, symmetric router:  %s" % (", ".join("%s<->%s" % tuple(p) for p in f["relayed_symmetric"]) or "none"))
     if f["missing_from_viewpoint"]:
@@ -227,7 +244,10 @@ def cmd_steps(args):
             if line.startswith("{"):
                 try:
                     obj = json.loads(line)
-                    if isinstance(obj, dict) and isinstance(obj.get("step"), int):
+                    kind = obj.get("event", obj.get("type", obj.get("kind", "step"))) if isinstance(obj, dict) else None
+                    # Only step records count; a checkpoint or eval event
+                    # naming its step is not a second entry for it.
+                    if kind == "step" and isinstance(obj.get("step"), int):
                         step = obj["step"]
                 except ValueError:
                     pass
