@@ -70,6 +70,8 @@ type Member struct {
 	Capability  Capability
 	Sealed      []byte // the signed record, to hand on
 	LastSeen    time.Time
+
+	fetched time.Time // when the record arrived
 }
 
 // Host is a running holopeer node's network presence. Its methods are safe
@@ -463,7 +465,7 @@ func (n *Host) storeMember(c Capability, sealed []byte) error {
 	if old, ok := n.members[id]; ok && old.Capability.Seq > c.Seq {
 		return nil // an older record arrived late
 	}
-	n.members[id] = &Member{ID: id, Capability: c, Sealed: sealed, LastSeen: time.Now()}
+	n.members[id] = &Member{ID: id, Capability: c, Sealed: sealed, LastSeen: time.Now(), fetched: time.Now()}
 	return nil
 }
 
@@ -495,7 +497,7 @@ func (n *Host) reseal() {
 		TEE:          o.TEE,
 		CanAttest:    o.CanAttest,
 		Reachability: reachString(n.reach),
-		Relayed:      n.reach == network.ReachabilityPrivate && n.onlyRelayAddrs(),
+		Relayed:      n.reach == network.ReachabilityPrivate && n.noDirectPublicAddr(),
 		APIAddr:      o.APIAddr,
 	}
 	if n.reach == network.ReachabilityPrivate {
@@ -515,19 +517,12 @@ func (n *Host) reseal() {
 	n.capab, n.sealed = c, sealed
 }
 
-// onlyRelayAddrs reports whether every advertised address is a relay
-// circuit, i.e. nobody can dial the node directly.
-func (n *Host) onlyRelayAddrs() bool {
-	addrs := n.h.Addrs()
-	if len(addrs) == 0 {
-		return false
-	}
-	for _, a := range addrs {
-		if !isRelayAddr(a) && isPublicAddr(a) {
-			return false
-		}
-	}
-	return slices.ContainsFunc(addrs, isRelayAddr)
+// noDirectPublicAddr reports whether nobody can dial the node directly:
+// it advertises no public address other than relay circuits. Together
+// with private reachability this is what Capability.Relayed means; it
+// holds from start-up, before a relay reservation exists.
+func (n *Host) noDirectPublicAddr() bool {
+	return !directDialable(n.h.Addrs())
 }
 
 func (n *Host) watchEvents() {

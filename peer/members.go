@@ -21,6 +21,10 @@ const CapabilityProtocol protocol.ID = "/holopeer/capability/1.0.0"
 
 const streamTimeout = 10 * time.Second
 
+// capabilityRefresh is how old a member's record may grow before
+// rendezvous fetches it again.
+const capabilityRefresh = time.Minute
+
 func (n *Host) serveCapability(s network.Stream) {
 	_ = s.Scope().SetService("holopeer.capability")
 	_ = s.SetDeadline(time.Now().Add(streamTimeout))
@@ -148,9 +152,13 @@ func (n *Host) rendezvousRound() {
 			}
 		}
 		n.mu.Lock()
-		_, known := n.members[ai.ID]
+		m, known := n.members[ai.ID]
+		stale := known && time.Since(m.fetched) > capabilityRefresh
 		n.mu.Unlock()
-		if !known {
+		if !known || stale {
+			// Records change (reachability, relayed, NAT mapping); a
+			// periodic re-fetch keeps the planner's view honest until
+			// gossip carries them.
 			n.fetchCapabilityAsync(ai.ID)
 		}
 	}
