@@ -180,10 +180,11 @@ func peerOf(st api.Status, id string) *api.PeerStatus {
 
 // TestNATTraversal runs a swarm across NAT routers: pub1 is the bootstrap
 // and relay, pub2 a public node that refuses to relay, home1 and home2
-// sit behind easy NATs and home3 behind a symmetric one. Easy↔easy must
-// end direct within 60 s and carry 16 MiB without the relay; easy↔
-// symmetric must end relayed, carry 16 MiB through the relay and say why.
-// Private nodes must never serve the DHT; public ones must.
+// sit behind easy NATs, home3 and home4 behind symmetric ones. Easy↔easy
+// must end direct within 60 s and carry 16 MiB without the relay;
+// easy↔symmetric and symmetric↔symmetric must end relayed, carry 16 MiB
+// through the relay and say why. Private nodes must never serve the DHT;
+// public ones must.
 func TestNATTraversal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping the NAT lab test in -short mode (it takes about half a minute)")
@@ -192,7 +193,7 @@ func TestNATTraversal(t *testing.T) {
 		t.Skipf("skipping the NAT lab test: %v (it runs as root, e.g. under .ci/run)", labReason)
 	}
 	testStart := time.Now()
-	lab, err := Up(context.Background(), Config{Public: 2, Homes: []NAT{Easy, Easy, Symmetric}})
+	lab, err := Up(context.Background(), Config{Public: 2, Homes: []NAT{Easy, Easy, Symmetric, Symmetric}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,8 +243,9 @@ func TestNATTraversal(t *testing.T) {
 	home1 := add(start(t, lab, "home1", lab.Homes[0].NS, "--bootstrap", boot))
 	home2 := add(start(t, lab, "home2", lab.Homes[1].NS, "--bootstrap", boot))
 	home3 := add(start(t, lab, "home3", lab.Homes[2].NS, "--bootstrap", boot))
-	public, private := []*node{pub1, pub2}, []*node{home1, home2, home3}
-	privateIDs := []string{home1.id, home2.id, home3.id}
+	home4 := add(start(t, lab, "home4", lab.Homes[3].NS, "--bootstrap", boot))
+	public, private := []*node{pub1, pub2}, []*node{home1, home2, home3, home4}
+	privateIDs := []string{home1.id, home2.id, home3.id, home4.id}
 
 	// Every status read also checks the DHT rule: public nodes serve,
 	// private ones never do and never enter a server's routing table.
@@ -350,49 +352,63 @@ func TestNATTraversal(t *testing.T) {
 		t.Fatalf("the relay carried %d bytes during a direct 16 MiB probe", relayed)
 	}
 
-	// Easy ↔ symmetric: relayed, with the reason stated.
-	var reason string
-	took := waitFor("home1 and home3 settle on a relay, saying why", 60*time.Second, func() error {
-		st, err := statusOf(home1)
+	// Easy ↔ symmetric and symmetric ↔ symmetric: relayed, with the
+	// reason stated, and still carrying 16 MiB (through the relay).
+	for _, c := range []struct {
+		from, to *node
+		because  string
+	}{
+		{home1, home3, "the peer's NAT is endpoint-dependent"},
+		{home3, home4, "two symmetric NATs cannot be punched"},
+	} {
+		pair := c.from.name + "↔" + c.to.name
+		var reason string
+		took := waitFor(pair+" settle on a relay, saying why", 60*time.Second, func() error {
+			st, err := statusOf(c.from)
+			if err != nil {
+				return err
+			}
+			p := peerOf(st, c.to.id)
+			if p == nil || p.Conn != "relayed" || !strings.Contains(p.RelayReason, "hole punch failed") {
+				return fmt.Errorf("%s sees %s as %+v", c.from.name, c.to.name, p)
+			}
+			reason = p.RelayReason
+			return nil
+		})
+		t.Logf("%s relayed (%v more): %s", pair, took.Round(time.Millisecond), reason)
+		if !strings.Contains(reason, c.because) {
+			t.Errorf("%s: the reason does not say %q: %s", pair, c.because, reason)
+		}
+		st1, err = statusOf(pub1)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		p := peerOf(st, home3.id)
-		if p == nil || p.Conn != "relayed" || !strings.Contains(p.RelayReason, "hole punch failed") {
-			return fmt.Errorf("home1 sees home3 as %+v", p)
+		before := st1.NAT.RelayService.BytesRelayed
+		res, err := c.from.probe(lab, c.to.id)
+		if err != nil {
+			t.Fatal(err)
 		}
-		reason = p.RelayReason
-		return nil
-	})
-	t.Logf("easy↔symmetric relayed, %v later: %s", took.Round(time.Millisecond), reason)
-	st3, err := statusOf(home3)
-	if err != nil {
-		t.Fatal(err)
+		st1, _ = statusOf(pub1)
+		relayed := st1.NAT.RelayService.BytesRelayed - before
+		t.Logf("16 MiB %s: %s over %s, %.0f MiB/s; relay carried %d bytes", pair, res.Elapsed, res.Conn, res.MiBps, relayed)
+		if res.Conn != "relayed" || res.Bytes != payload || len(res.SHA256) != 64 {
+			t.Fatalf("probe %s: %+v", pair, res)
+		}
+		if relayed < payload {
+			t.Fatalf("the relay carried only %d bytes of a relayed 16 MiB probe", relayed)
+		}
 	}
-	if st3.NAT.Mapping["udp"] != "endpoint-dependent" && st3.NAT.Mapping["tcp"] != "endpoint-dependent" {
-		t.Errorf("home3, behind a symmetric NAT, reports mapping %v", st3.NAT.Mapping)
-	}
-	if !strings.Contains(reason, "endpoint-dependent") {
-		t.Errorf("home1's reason for relaying to home3 does not name the symmetric NAT: %s", reason)
-	}
-	failed := slices.ContainsFunc(st3.NAT.HolePunch, func(e api.HolePunchEvent) bool { return e.Peer == home1.id && !e.Success })
-	if !failed {
-		t.Errorf("home3 recorded no failed hole punch with home1: %+v", st3.NAT.HolePunch)
-	}
-
-	before = st1.NAT.RelayService.BytesRelayed
-	res, err = home1.probe(lab, home3.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st1, _ = statusOf(pub1)
-	relayed = st1.NAT.RelayService.BytesRelayed - before
-	t.Logf("16 MiB home1→home3: %s over %s, %.0f MiB/s; relay carried %d bytes", res.Elapsed, res.Conn, res.MiBps, relayed)
-	if res.Conn != "relayed" || res.Bytes != payload || len(res.SHA256) != 64 {
-		t.Fatalf("probe home1→home3: %+v", res)
-	}
-	if relayed < payload {
-		t.Fatalf("the relay carried only %d bytes of a relayed 16 MiB probe", relayed)
+	for _, n := range []*node{home3, home4} {
+		st, err := statusOf(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.NAT.Mapping["udp"] != "endpoint-dependent" && st.NAT.Mapping["tcp"] != "endpoint-dependent" {
+			t.Errorf("%s, behind a symmetric NAT, reports mapping %v", n.name, st.NAT.Mapping)
+		}
+		if !slices.ContainsFunc(st.NAT.HolePunch, func(e api.HolePunchEvent) bool { return !e.Success && e.Kind == "attempt" }) {
+			t.Errorf("%s recorded no failed hole-punch attempt: %+v", n.name, st.NAT.HolePunch)
+		}
 	}
 
 	// The logs tell the same story.
