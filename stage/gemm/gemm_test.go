@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
 
 // refGemm is the float64 oracle: C = alpha·op(A)·op(B) + beta·C, with
@@ -140,9 +141,43 @@ func sizesFor(kr *microKernel) []int {
 func testKernels() []*microKernel {
 	ks := append([]*microKernel(nil), kernels...)
 	if genericKernel == generic2x4 {
-		return append(ks, generic4x4)
+		ks = append(ks, generic4x4)
+	} else {
+		ks = append(ks, generic2x4)
 	}
-	return append(ks, generic2x4)
+	return append(ks, geometryKernel(&avx512Geometry), geometryKernel(&avx2Geometry))
+}
+
+// geometryKernel is a plain-Go kernel with the tile and blocking of kr,
+// including a runB: it lets this machine test the driver with the exact
+// geometry of a kernel it cannot run (AVX-512's 14×32 on a CPU without
+// AVX-512); the assembly itself is checked by kernelWorks on such CPUs.
+func geometryKernel(kr *microKernel) *microKernel {
+	g := *kr
+	g.name = kr.name + "-geometry"
+	mr, nr := kr.mr, kr.nr
+	g.runB = func(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int) {
+		as := unsafe.Slice(a, mr*k)
+		bs := unsafe.Slice(b, (k-1)*ldb+nr)
+		cs := unsafe.Slice(c, (mr-1)*ldc+nr)
+		for r := 0; r < mr; r++ {
+			for x := 0; x < nr; x++ {
+				var s float32
+				for q := 0; q < k; q++ {
+					s += as[q*mr+r] * bs[q*ldb+x]
+				}
+				if beta == 0 {
+					cs[r*ldc+x] = alpha * s
+				} else {
+					cs[r*ldc+x] = alpha*s + beta*cs[r*ldc+x]
+				}
+			}
+		}
+	}
+	g.run = func(k int, a, b, c *float32, ldc int, alpha, beta float32) {
+		g.runB(k, a, b, c, ldc, alpha, beta, nr)
+	}
+	return &g
 }
 
 func kernelLabel(kr *microKernel) string { return fmt.Sprintf("%s_%dx%d", kr.name, kr.mr, kr.nr) }

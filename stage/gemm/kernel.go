@@ -26,6 +26,14 @@ type microKernel struct {
 	runB func(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int)
 }
 
+// avx512Geometry and avx2Geometry are the tiles and blocking of the x86
+// assembly kernels. They are defined on every platform so that tests can
+// drive the blocked code with these exact shapes using a Go kernel.
+var (
+	avx512Geometry = microKernel{name: "avx512", mr: 14, nr: 32, kc: 256, mc: 168, nc: 4096}
+	avx2Geometry   = microKernel{name: "avx2", mr: 6, nr: 16, kc: 256, mc: 144, nc: 4096}
+)
+
 // kernels lists the kernels this machine can run, fastest first; the
 // generic kernel is always last. Filled by init in the arch files.
 var kernels []*microKernel

@@ -18,19 +18,19 @@ func kernAVX512B(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int)
 //go:noescape
 func kernAVX2B(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int)
 
-// Blocking for the AVX-512 14×32 tile on Zen 5 (48 KiB L1d, 1 MiB L2 per
-// core): a kc=256 B micro-panel is 32 KiB and stays in L1 while A
-// micro-panels stream from L2; mc·kc of A is well inside L2.
-var avx512Kernel = &microKernel{
-	name: "avx512", mr: 14, nr: 32,
-	kc: 256, mc: 168, nc: 4096,
-	run: kernAVX512, runB: kernAVX512B,
-}
+// The blocking (in avx512Geometry, avx2Geometry) for Zen 4/5 and recent
+// Intel cores (48 KiB L1d, 1–2 MiB L2): a kc=256 B micro-panel is 32 KiB
+// (AVX-512) or 16 KiB (AVX2) and stays in L1 while A micro-panels stream
+// from L2; mc·kc of A is well inside L2. The AVX2 values also suit Zen 3
+// (32 KiB L1d, 512 KiB L2), where they were measured.
+var (
+	avx512Kernel = withRun(avx512Geometry, kernAVX512, kernAVX512B)
+	avx2Kernel   = withRun(avx2Geometry, kernAVX2, kernAVX2B)
+)
 
-var avx2Kernel = &microKernel{
-	name: "avx2", mr: 6, nr: 16,
-	kc: 256, mc: 144, nc: 4096,
-	run: kernAVX2, runB: kernAVX2B,
+func withRun(g microKernel, run func(k int, a, b, c *float32, ldc int, alpha, beta float32), runB func(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int)) *microKernel {
+	g.run, g.runB = run, runB
+	return &g
 }
 
 func init() {
