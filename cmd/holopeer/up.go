@@ -28,6 +28,10 @@ func defaultDataDir() string {
 // upFlags are the flags of `holopeer up`, shared with commands that run a
 // node of their own (run, serve, testnet).
 type upFlags struct {
+	tee       string
+	allowSim  bool
+	teePolicy string
+
 	dataDir   string
 	swarm     string
 	listen    []string
@@ -64,6 +68,9 @@ func (f *upFlags) register(cmd *cobra.Command) {
 	fl.StringSliceVar(&f.announce, "announce", nil, "fixed public multiaddrs to advertise besides the discovered ones, e.g. /ip4/203.0.113.7/tcp/7600 for a port forwarded by hand (comma-separated)")
 	fl.BoolVar(&f.portMapping, "port-mapping", true, "ask the home router to forward a port by UPnP or NAT-PMP")
 	fl.StringVar(&f.reachability, "reachability", "auto", "auto (decide from what peers observe), public or private")
+	fl.StringVar(&f.tee, "tee", "none", "how this node attests to stand as coordinator: auto, snp, tdx, sim (INSECURE, testnets) or none (votes and computes, never stands)")
+	fl.BoolVar(&f.allowSim, "allow-sim", false, "accept sim (INSECURE) attestation: for testnets only; every status line then says INSECURE")
+	fl.StringVar(&f.teePolicy, "tee-policy", "", "JSON file with the TEE policy (allowed measurements, minimum TCB) a coordinator's evidence must meet")
 	f.flags = fl
 }
 
@@ -148,6 +155,9 @@ func (f *upFlags) config() (node.Config, error) {
 		Logger:    log,
 		Offer:     hpeer.Offer{MemoryBytes: mem, Hours: f.hours},
 		PeerOpts:  natOpts,
+		TEE:       f.tee,
+		AllowSim:  f.allowSim,
+		TEEPolicy: f.teePolicy,
 	}, nil
 }
 

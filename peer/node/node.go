@@ -18,8 +18,12 @@ import (
 	lpeer "github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/holopeer/holopeer/gossip"
+	"github.com/holopeer/holopeer/gossip/coord"
 	hpeer "github.com/holopeer/holopeer/peer"
 	"github.com/holopeer/holopeer/peer/api"
+	"github.com/holopeer/holopeer/stage/pipeline"
+	"github.com/holopeer/holopeer/stage/tensor"
 )
 
 // Config describes one node. Zero values take the documented defaults.
@@ -33,6 +37,19 @@ type Config struct {
 	Logger    *slog.Logger     // default slog.Default()
 	PeerOpts  []hpeer.Option   // extra options for the host (NAT traversal, tests)
 	Clock     func() time.Time // default time.Now
+
+	// TEE is how the node attests for the coordinator election: auto, snp,
+	// tdx, sim or none (default none: it votes and computes, never stands).
+	TEE string
+	// AllowSim makes the node accept sim (INSECURE) evidence: testnets only.
+	AllowSim bool
+	// TEEPolicy is a JSON tee.Policy file (allowed measurements, minimum
+	// TCB) for real SNP/TDX coordinators; empty accepts none of them.
+	TEEPolicy string
+	// Backend runs this node's stages (default: the cpu backend).
+	Backend tensor.Backend
+	// GossipTiming overrides election and presence timing (tests).
+	GossipTiming *gossip.Timing
 }
 
 func (c *Config) validate() error {
@@ -57,9 +74,13 @@ func (c *Config) validate() error {
 	if c.Offer.CPUs == 0 {
 		c.Offer.CPUs = runtime.GOMAXPROCS(0)
 	}
-	if c.Offer.TEE == "" {
-		c.Offer.TEE = "none"
+	if c.TEE == "" {
+		c.TEE = "none"
 	}
+	if c.Offer.TEE == "" {
+		c.Offer.TEE = c.TEE
+	}
+	c.Offer.CanAttest = c.TEE != "none"
 	if c.Offer.Hours == "" {
 		c.Offer.Hours = "always"
 	}
@@ -68,10 +89,14 @@ func (c *Config) validate() error {
 
 // Node is a running daemon.
 type Node struct {
-	cfg  Config
-	log  *slog.Logger
-	host *hpeer.Host
-	api  *api.Server
+	cfg      Config
+	log      *slog.Logger
+	host     *hpeer.Host
+	api      *api.Server
+	gossip   *gossip.Service
+	coord    *coord.Service
+	runtime  *pipeline.Runtime
+	teeLabel string
 
 	mu       sync.Mutex
 	warnings []string
@@ -105,6 +130,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	opts = append(opts, hpeer.WithOffer(offer))
 	opts = append(opts, cfg.PeerOpts...)
 	if n.host, err = hpeer.New(ctx, opts...); err != nil {
+		return nil, err
+	}
+	if err := n.startServices(ctx); err != nil {
 		return nil, err
 	}
 	if cfg.API != "off" {
@@ -165,6 +193,10 @@ func (n *Node) Status() api.Status {
 		st.Peers = append(st.Peers, ps)
 	}
 	st.NAT = natStatus(h.NAT())
+	st.TEE = n.teeLabel
+	if c := n.gossip.Coordinator(); c != nil {
+		st.Coordinator = &api.Coordinator{PeerID: c.PeerID.String(), Term: c.Term, TEE: c.TEE, Insecure: c.Insecure, LeaseExpires: c.LeaseExpires}
+	}
 	n.mu.Lock()
 	st.Warnings = append(st.Warnings, n.warnings...)
 	n.mu.Unlock()
@@ -251,6 +283,15 @@ func (n *Node) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		errs = append(errs, n.api.Close(ctx))
 		cancel()
+	}
+	if n.runtime != nil {
+		errs = append(errs, n.runtime.Close())
+	}
+	if n.coord != nil {
+		errs = append(errs, n.coord.Close())
+	}
+	if n.gossip != nil {
+		errs = append(errs, n.gossip.Close())
 	}
 	if n.host != nil {
 		errs = append(errs, n.host.Close())
