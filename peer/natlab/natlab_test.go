@@ -23,6 +23,7 @@ import (
 // It needs root; elsewhere it is skipped with the reason.
 
 var (
+	binDir    string // holds binPath; removed at exit
 	binPath   string // holopeer, built once when the lab can run
 	labReason error  // why the lab cannot run here (nil when it can)
 )
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		binPath = filepath.Join(dir, "holopeer")
+		binDir, binPath = dir, filepath.Join(dir, "holopeer")
 		if out, err := exec.Command("go", "build", "-o", binPath, "github.com/holopeer/holopeer/cmd/holopeer").CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build holopeer: %v\n%s", err, out)
 			os.Exit(1)
@@ -209,7 +210,7 @@ func TestNATTraversal(t *testing.T) {
 		}
 		wg.Wait()
 	}
-	stopSignal := lab.CloseOnInterrupt(stopAll)
+	stopSignal := lab.CloseOnInterrupt(func() { stopAll(); os.RemoveAll(binDir) })
 	t.Cleanup(func() {
 		stopSignal()
 		stopAll()
