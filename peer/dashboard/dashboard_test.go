@@ -313,3 +313,25 @@ func TestStreamLimit(t *testing.T) {
 		t.Fatalf("second stream: %d, want 503 (the page then polls)", second.StatusCode)
 	}
 }
+
+// empty is a node that just started: no peers, no coordinator, no jobs.
+type empty struct{}
+
+func (empty) Status() api.Status             { return api.Status{PeerID: "12D3KooWlonely", Swarm: "lab"} }
+func (empty) Jobs() []api.JobStatus          { return nil }
+func (empty) Leaderboard() []api.LedgerEntry { return nil }
+
+func TestFreshNode(t *testing.T) {
+	_, base := serve(t, empty{})
+	_, body := get(t, base+dashboard.PathState)
+	var st map[string]any
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st["coordinator"] != nil || len(st["fleet"].([]any)) != 1 || len(st["jobs"].([]any)) != 0 || len(st["leaderboard"].([]any)) != 0 {
+		t.Fatalf("fresh node state: %s", body)
+	}
+	if resp, _ := get(t, base+dashboard.PathBytes); resp.StatusCode != 200 {
+		t.Fatalf("bytes chart with nothing sent: %d", resp.StatusCode)
+	}
+}
