@@ -111,14 +111,14 @@ func FindScript() (string, error) {
 // Check reports why a lab cannot run here: not root, no namespaces, no
 // iptables NAT. It returns nil when it can.
 func Check(script string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w: needs root for network namespaces and iptables", ErrUnavailable)
+	}
 	if script == "" {
 		var err error
 		if script, err = FindScript(); err != nil {
 			return err
 		}
-	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w: needs root for network namespaces and iptables", ErrUnavailable)
 	}
 	out, err := exec.Command(script, "check").CombinedOutput()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,8 +30,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
 	labReason = Check("")
-	if labReason == nil {
+	if labReason == nil && !testing.Short() {
 		dir, err := os.MkdirTemp("", "holopeer-natlab-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
