@@ -386,3 +386,19 @@ func (r *rawPublisher) nextClaim(t testing.TB, author lpeer.ID, term uint64) *Cl
 		}
 	}
 }
+
+// dump renders the log for a failure message.
+func (l *logCapture) dump() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := ""
+	for _, r := range *l.recs {
+		if r.attrs["component"] == "pubsub" {
+			continue
+		}
+		s += fmt.Sprintf("%v %s %v\n", r.level, r.msg, r.attrs)
+	}
+	return s
+}
+
+func peerIDOf(k crypto.PrivKey) (lpeer.ID, error) { return lpeer.IDFromPrivateKey(k) }

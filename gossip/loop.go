@@ -153,6 +153,9 @@ func (s *Service) publishPresence() {
 
 // onStatus reacts to a changed view: fence, persist, tell watchers, log.
 func (s *Service) onStatus(st election.Status) {
+	if s.cfg.statusHook != nil {
+		s.cfg.statusHook(st)
+	}
 	s.fence.Advance(st.Term)
 	if st.Term != s.lastTerm {
 		s.lastTerm = st.Term

@@ -99,6 +99,7 @@ type config struct {
 	stateFile  string
 	teeAtt     tee.Attester
 	teeVer     *tee.Verifier
+	statusHook func(election.Status) // tests: every change of view, from the owner goroutine
 	set        map[string]bool
 }
 

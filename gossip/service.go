@@ -57,6 +57,7 @@ func (c *CoordinatorInfo) Label() string {
 // PresenceInfo is the latest verified capability of a peer.
 type PresenceInfo struct {
 	Capability hpeer.Capability
+	Sealed     []byte    // the signed record, for hpeer.Host.AddMember
 	IssuedAt   time.Time // when the peer sent it (its clock)
 	LastSeen   time.Time // when we received it (our clock)
 }

@@ -151,7 +151,7 @@ func (s *Service) validatePresence(_ context.Context, _ lpeer.ID, m *pubsub.Mess
 	if prev != nil && !p.IssuedAt.After(prev.IssuedAt) {
 		return s.ignore(topic, ReasonDuplicate, author, fmt.Errorf("issued %v, have %v", p.IssuedAt, prev.IssuedAt))
 	}
-	m.ValidatorData = &PresenceInfo{Capability: c, IssuedAt: p.IssuedAt}
+	m.ValidatorData = &PresenceInfo{Capability: c, Sealed: p.Capability, IssuedAt: p.IssuedAt}
 	return pubsub.ValidationAccept
 }
 
