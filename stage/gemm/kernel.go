@@ -24,6 +24,10 @@ type microKernel struct {
 	// panel is at b + q·ldb. Sgemm uses it when op(A) has at most mr rows,
 	// where B would be packed only to be read once.
 	runB func(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int)
+	// dot4, where not nil, sets out[j] = Σ_{q<k} a[q]·b[j·ldb+q] for
+	// j < 4 with k a multiple of 8. Sgemm uses it for op(A)·Bᵀ when op(A)
+	// has a few rows, where B's rows are contiguous and read once.
+	dot4 func(k int, a, b *float32, ldb int, out *float32)
 }
 
 // avx512Geometry and avx2Geometry are the tiles and blocking of the x86
@@ -105,6 +109,20 @@ func kernelWorks(kr *microKernel) bool {
 			}
 		}
 		return true
+	}
+	if kr.dot4 != nil {
+		// Four rows of wide (ldb apart) against the first 8 values of a.
+		var out [4]float32
+		kr.dot4(8, &a[0], &wide[0], ldb, &out[0])
+		for j := range out {
+			var s float32
+			for q := 0; q < 8; q++ {
+				s += a[q] * wide[j*ldb+q]
+			}
+			if out[j] != s {
+				return false
+			}
+		}
 	}
 	c := make([]float32, mr*ldc)
 	for _, beta := range []float32{0, 0.5} {

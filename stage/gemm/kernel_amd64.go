@@ -12,6 +12,11 @@ func kernAVX512(k int, a, b, c *float32, ldc int, alpha, beta float32)
 //go:noescape
 func kernAVX2(k int, a, b, c *float32, ldc int, alpha, beta float32)
 
+// dot4AVX2 sets out[j] = Σ_{q<k} a[q]·b[j·ldb+q] for j < 4; k % 8 == 0.
+//
+//go:noescape
+func dot4AVX2(k int, a, b *float32, ldb int, out *float32)
+
 //go:noescape
 func kernAVX512B(k int, a, b, c *float32, ldc int, alpha, beta float32, ldb int)
 
@@ -36,6 +41,10 @@ func withRun(g microKernel, run func(k int, a, b, c *float32, ldc int, alpha, be
 func init() {
 	// x/sys/cpu reports AVX-512 and AVX only when the OS saves the wider
 	// register state too, so these flags are safe to act on.
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		avx512Kernel.dot4 = dot4AVX2
+		avx2Kernel.dot4 = dot4AVX2
+	}
 	if cpu.X86.HasAVX512F && kernelWorks(avx512Kernel) {
 		kernels = append(kernels, avx512Kernel)
 	}

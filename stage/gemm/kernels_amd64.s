@@ -1382,6 +1382,64 @@ kernAVX2B_store:
 	VZEROUPPER
 	RET
 
+// func dot4AVX2(k int, a, b *float32, ldb int, out *float32)
+// out[j] = Σ_{q<k} a[q]·b[j·ldb+q] for j < 4; k must be a multiple of 8.
+TEXT ·dot4AVX2(SB), NOSPLIT, $0-40
+	MOVQ k+0(FP), CX
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DI
+	MOVQ ldb+24(FP), R10
+	SHLQ $2, R10
+	LEAQ (R10)(R10*2), R11
+	MOVQ out+32(FP), DX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	MOVQ CX, BX
+	SHRQ $4, BX
+	JZ dot4AVX2_tail
+dot4AVX2_loop:
+	VMOVUPS (SI), Y8
+	VMOVUPS 32(SI), Y9
+	VFMADD231PS (DI), Y8, Y0
+	VFMADD231PS 32(DI), Y9, Y4
+	VFMADD231PS (DI)(R10*1), Y8, Y1
+	VFMADD231PS 32(DI)(R10*1), Y9, Y5
+	VFMADD231PS (DI)(R10*2), Y8, Y2
+	VFMADD231PS 32(DI)(R10*2), Y9, Y6
+	VFMADD231PS (DI)(R11*1), Y8, Y3
+	VFMADD231PS 32(DI)(R11*1), Y9, Y7
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ BX
+	JNZ dot4AVX2_loop
+dot4AVX2_tail:
+	TESTQ $8, CX
+	JZ dot4AVX2_reduce
+	VMOVUPS (SI), Y8
+	VFMADD231PS (DI), Y8, Y0
+	VFMADD231PS (DI)(R10*1), Y8, Y1
+	VFMADD231PS (DI)(R10*2), Y8, Y2
+	VFMADD231PS (DI)(R11*1), Y8, Y3
+dot4AVX2_reduce:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVUPS X0, (DX)
+	VZEROUPPER
+	RET
+
 // func addChain(n int): n iterations of 16 dependent ADDQ, 16 cycles each.
 TEXT ·addChain(SB), NOSPLIT, $0-8
 	MOVQ n+0(FP), CX

@@ -6,14 +6,15 @@ import (
 )
 
 const (
-	// rowPanelChunk panels are one unit of work: their columns of a row of
-	// B form a 2–4 KiB run that is read once.
-	rowPanelChunk = 16
+	// rowPanelCols columns (a 4 KiB run of each B row) are at most one unit
+	// of work; fewer when that would leave a worker idle.
+	rowPanelCols = 1024
 	// rowPanelKC rows of B are walked per pass over a chunk. B rows are
-	// often many KiB apart, so every row is a new page: a pass touches at
-	// most this many pages, which the TLB holds while the chunk's panels
-	// take their turns, instead of one page walk per row per panel.
-	rowPanelKC = 256
+	// often many KiB apart, so every row is a new page: a pass touches only
+	// this many pages, which the TLB holds while the chunk's panels take
+	// their turns. (Measured at m=1, n=4096, k=1024 on Zen 3: 1024 columns
+	// by 64 rows ran 40% faster than 256 by 256.)
+	rowPanelKC = 64
 )
 
 // rowPanel handles products whose op(A) fits in one micro-panel (m ≤ mr)
@@ -25,16 +26,17 @@ func rowPanel(kr *microKernel, threads int, g *args) {
 	ab := getBuf(kr.mr * g.k)
 	packA(ab.f, kr.mr, g, 0, g.m, 0, g.k)
 	nPanels := ceilDiv(g.n, kr.nr)
+	chunk := max(1, min(rowPanelCols/kr.nr, ceilDiv(nPanels, 2*threads)))
 
 	var next atomic.Int64
 	work := func() {
-		sb := getBuf(kr.mr*rowPanelChunk*kr.nr + rowPanelKC*kr.nr)
+		sb := getBuf(kr.mr*chunk*kr.nr + rowPanelKC*kr.nr)
 		for {
-			lo := int(next.Add(rowPanelChunk)) - rowPanelChunk
+			lo := int(next.Add(int64(chunk))) - chunk
 			if lo >= nPanels {
 				break
 			}
-			rowPanelChunkRun(kr, g, ab.f, sb.f, lo, min(lo+rowPanelChunk, nPanels))
+			rowPanelChunkRun(kr, g, ab.f, sb.f, lo, min(lo+chunk, nPanels))
 		}
 		putBuf(sb)
 	}
@@ -61,7 +63,7 @@ func rowPanel(kr *microKernel, threads int, g *args) {
 func rowPanelChunkRun(kr *microKernel, g *args, abuf, scratch []float32, lo, hi int) {
 	mr, nr := kr.mr, kr.nr
 	ldt := (hi - lo) * nr
-	tmp, edge := scratch[:mr*ldt], scratch[mr*rowPanelChunk*nr:]
+	tmp, edge := scratch[:mr*ldt], scratch[len(scratch)-rowPanelKC*nr:]
 	for pc := 0; pc < g.k; pc += rowPanelKC {
 		kcur := min(rowPanelKC, g.k-pc)
 		var beta float32 // first k block overwrites tmp, later ones add

@@ -152,7 +152,7 @@ func TestTuneShapes(t *testing.T) {
 	if os.Getenv("GEMM_TUNE") == "" {
 		t.Skip("GEMM_TUNE not set")
 	}
-	for _, s := range [][3]int{{1, 4096, 1024}, {1, 1024, 4096}, {4, 4096, 1024}, {64, 8, 256}, {64, 256, 64}, {256, 256, 256}, {2048, 512, 64}, {1024, 1024, 1024}} {
+	for _, s := range shapesForTune([][3]int{{1, 4096, 1024}, {1, 1024, 4096}, {4, 4096, 1024}, {64, 8, 256}, {64, 256, 64}, {256, 256, 256}, {2048, 512, 64}, {1024, 1024, 1024}}) {
 		m, n, k := s[0], s[1], s[2]
 		a, b, c := make([]float32, m*k), make([]float32, k*n), make([]float32, m*n)
 		for i := range a {
@@ -213,4 +213,13 @@ func TestTuneCPUTime(t *testing.T) {
 			fmt.Printf("kc=%d mc=%d threads=%d: %.1f GFLOP per CPU-second (per core), wall %.1f GFLOP/s\n", cf.kc, cf.mc, th, reps*2*float64(n*n*n)/d.Seconds()/1e9, reps*2*float64(n*n*n)/time.Since(w0).Seconds()/1e9)
 		})
 	}
+}
+
+// shapesForTune keeps the first GEMM_TUNE_SHAPES shapes when that is set.
+func shapesForTune(all [][3]int) [][3]int {
+	var n int
+	if _, err := fmt.Sscan(os.Getenv("GEMM_TUNE_SHAPES"), &n); err == nil && n > 0 && n < len(all) {
+		return all[:n]
+	}
+	return all
 }
