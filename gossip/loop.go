@@ -29,6 +29,7 @@ func (s *Service) run() {
 			s.node.Tick()
 		case <-presence.C():
 			s.publishPresence()
+			s.prunePresence()
 		case m := <-s.electionIn:
 			if err := s.node.Step(m); err != nil {
 				reason, level := stepReason(err)

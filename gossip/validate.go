@@ -201,9 +201,16 @@ func (s *Service) readPresence(m *pubsub.Message) {
 	if prev := s.presence[m.GetFrom()]; prev == nil || p.IssuedAt.After(prev.IssuedAt) {
 		s.presence[m.GetFrom()] = p
 	}
-	// Forget peers long gone, so the map does not grow without bound.
+}
+
+// prunePresence forgets peers long gone, so the map does not grow without
+// bound (the run loop calls it once per presence interval).
+func (s *Service) prunePresence() {
+	now := s.cfg.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for id, q := range s.presence {
-		if p.LastSeen.Sub(q.LastSeen) > 10*s.cfg.timing.PresenceTTL {
+		if now.Sub(q.LastSeen) > 10*s.cfg.timing.PresenceTTL {
 			delete(s.presence, id)
 		}
 	}

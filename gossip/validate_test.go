@@ -26,6 +26,12 @@ func (c fixedClock) NewTicker(time.Duration) Ticker { panic("validators need no 
 // with the real tee verifier (sim allowed by policy) behind them.
 func validatorService(t *testing.T, now time.Time, allowSim bool) *Service {
 	t.Helper()
+	return newValidatorService(t, now, allowSim)
+}
+
+func validatorServiceB(b *testing.B, now time.Time) *Service { return newValidatorService(b, now, true) }
+
+func newValidatorService(t testing.TB, now time.Time, allowSim bool) *Service {
 	timing := Timing{}
 	if err := timing.fill(); err != nil {
 		t.Fatal(err)

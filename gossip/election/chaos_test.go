@@ -196,3 +196,25 @@ func chaosRun(t *testing.T, seed uint64, rounds int) {
 	t.Logf("seed %d: %d rounds, %d ticks; ops %v; %d heals, slowest convergence %d ticks (bound %d); %d successions, slowest %d ticks (bound %d); rejections %v",
 		seed, rounds, nw.now, ops, heals, maxConverge, convergeBound, successions, maxLiveness, livenessBound, nw.errs)
 }
+
+// BenchmarkFollowerHeartbeat: a follower stepping its coordinator's
+// heartbeat (nonce, digest, lease renewal; the evidence is not re-verified).
+func BenchmarkFollowerHeartbeat(b *testing.B) {
+	nw := newNetwork(b, 1, netOpts{})
+	nw.add("c", true)
+	nw.add("f", false)
+	nw.presence()
+	if _, _, ticks := nw.stabilize(100); ticks < 0 {
+		b.Fatal("no coordinator")
+	}
+	c, f := nw.nodes["c"].n, nw.nodes["f"].n
+	c.seq++
+	c.sendClaim(MsgHeartbeat)
+	m := c.Ready().Messages[0]
+	b.ResetTimer()
+	for b.Loop() {
+		if err := f.Step(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

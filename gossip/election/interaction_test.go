@@ -145,6 +145,11 @@ func execCmd(t *testing.T, nwp **network, text string) string {
 		}
 		nw.presence()
 		return ""
+	case "join":
+		// join <peer> [stand=true]: a peer starts in a running swarm.
+		nw.add(arg(0), args["stand"] == "true")
+		nw.presence()
+		return ""
 	case "tick":
 		for range num("n", atoi(t, arg(0))) {
 			nw.tick()
