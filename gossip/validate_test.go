@@ -29,7 +29,9 @@ func validatorService(t *testing.T, now time.Time, allowSim bool) *Service {
 	return newValidatorService(t, now, allowSim)
 }
 
-func validatorServiceB(b *testing.B, now time.Time) *Service { return newValidatorService(b, now, true) }
+func validatorServiceB(b *testing.B, now time.Time) *Service {
+	return newValidatorService(b, now, true)
+}
 
 func newValidatorService(t testing.TB, now time.Time, allowSim bool) *Service {
 	timing := Timing{}
