@@ -136,7 +136,8 @@ type verifyResult struct {
 
 const verifyCacheSize = 512
 
-// New joins the swarm's topics on h and starts the service. Close stops it.
+// New joins the swarm's topics on h and starts the service. It runs until
+// Close is called or ctx ends; call Close either way to wait for it.
 func New(ctx context.Context, h host.Host, opts ...Option) (*Service, error) {
 	cfg := config{set: map[string]bool{}}
 	for _, o := range opts {
@@ -221,7 +222,7 @@ func New(ctx context.Context, h host.Host, opts ...Option) (*Service, error) {
 	s.node, s.lastTerm = node, restoreTerm
 	s.fence.Advance(restoreTerm)
 
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.ctx, s.cancel = context.WithCancel(ctx)
 	if err := s.start(); err != nil {
 		s.cancel()
 		s.teardown()

@@ -41,6 +41,10 @@ type Request struct {
 	Lost  string    `json:"lost,omitempty"`
 	// Resume is the step the researcher resumes training at (replan).
 	Resume uint64 `json:"resume,omitempty"`
+	// Work is what each stage node did over steps (From, To] (work).
+	From uint64         `json:"from,omitempty"`
+	To   uint64         `json:"to,omitempty"`
+	Work []job.WorkItem `json:"work,omitempty"`
 	// Plan is the researcher's current signed plan (replan): it lets a
 	// coordinator elected after the job started take the job over.
 	Plan []byte `json:"plan,omitempty"`
@@ -75,6 +79,10 @@ type Config struct {
 	// alive for Grace is re-planned away. Defaults 2 s and 8 s.
 	HealthInterval, Grace time.Duration
 	Clock                 func() time.Time
+	// OnWork receives a job's work reports (for contribution receipts);
+	// only the job's researcher can send them, and only for nodes a plan
+	// of the job named.
+	OnWork func(term uint64, jobID string, from, to uint64, work []job.WorkItem)
 }
 
 // Service is the coordinator's job handling: it answers researchers,
@@ -94,10 +102,21 @@ type Service struct {
 }
 
 type jobState struct {
-	plan    *job.Plan
-	signed  []byte
-	silent  map[string]time.Time // placed nodes not alive, since when
-	replans int
+	plan       *job.Plan
+	signed     []byte
+	silent     map[string]time.Time // placed nodes not alive, since when
+	replans    int
+	everPlaced []string // every node any plan of the job named (work reports may credit them)
+}
+
+func (js *jobState) remember(p *job.Plan) {
+	for _, st := range p.Stages {
+		for _, r := range st.Replicas {
+			if !slices.Contains(js.everPlaced, r) {
+				js.everPlaced = append(js.everPlaced, r)
+			}
+		}
+	}
 }
 
 // New starts the service.
@@ -198,6 +217,8 @@ func (s *Service) handle(ctx context.Context, from peer.ID, req Request) ([]byte
 		return s.replan(ctx, term, from.String(), req)
 	case "release":
 		return nil, s.release(from.String(), req.JobID)
+	case "work":
+		return nil, s.work(term, from.String(), req)
 	}
 	return nil, fmt.Errorf("unknown op %q", req.Op)
 }
@@ -248,7 +269,9 @@ func (s *Service) submit(ctx context.Context, term uint64, researcher string, sp
 		refused := s.assignAll(ctx, p, signed)
 		if len(refused) == 0 {
 			s.mu.Lock()
-			s.jobs[spec.JobID] = &jobState{plan: p, signed: signed, silent: map[string]time.Time{}}
+			js := &jobState{plan: p, signed: signed, silent: map[string]time.Time{}}
+			js.remember(p)
+			s.jobs[spec.JobID] = js
 			s.mu.Unlock()
 			s.log.Info("placed a job", "job", spec.JobID, "researcher", short(researcher), "stages", len(stages), "term", term)
 			return signed, nil
@@ -337,6 +360,7 @@ func (s *Service) replan(ctx context.Context, term uint64, from string, req Requ
 			return nil, ErrNotResearcher
 		}
 		js = &jobState{plan: p, signed: req.Plan, silent: map[string]time.Time{}}
+		js.remember(p)
 		s.mu.Lock()
 		s.jobs[req.JobID] = js
 		s.mu.Unlock()
@@ -393,11 +417,39 @@ func (s *Service) replace(ctx context.Context, term uint64, jobID, lost string, 
 	}
 	s.mu.Lock()
 	js.plan, js.signed = &p, signed
+	js.remember(&p)
 	js.replans++
 	js.silent = map[string]time.Time{}
 	s.mu.Unlock()
 	s.log.Info("re-planned a job", "job", jobID, "lost", short(lost), "epoch", p.Epoch, "gen", p.Gen)
 	return signed, nil
+}
+
+func (s *Service) work(term uint64, from string, req Request) error {
+	s.mu.Lock()
+	js := s.jobs[req.JobID]
+	s.mu.Unlock()
+	if js == nil {
+		return fmt.Errorf("unknown job %s", req.JobID)
+	}
+	if js.plan.Researcher != from {
+		return ErrNotResearcher
+	}
+	if req.To < req.From || len(req.Work) > 4096 {
+		return errors.New("malformed work report")
+	}
+	for _, w := range req.Work {
+		if js.plan.StageOf(w.Peer) < 0 && !slices.Contains(js.everPlaced, w.Peer) {
+			return fmt.Errorf("work report names %s, which holds no stage of job %s", short(w.Peer), req.JobID)
+		}
+		if w.ComputeS < 0 || w.Tokens < 0 || w.ComputeS > float64(24*3600) {
+			return errors.New("work report out of range")
+		}
+	}
+	if s.cfg.OnWork != nil {
+		s.cfg.OnWork(term, req.JobID, req.From, req.To, req.Work)
+	}
+	return nil
 }
 
 func (s *Service) release(from, jobID string) error {
@@ -528,6 +580,12 @@ func (c *Client) Replan(ctx context.Context, jobID string, epoch uint64, lost st
 		req.Plan = c.Current(jobID)
 	}
 	return c.call(ctx, req)
+}
+
+// Work reports stage nodes' contributions for receipts.
+func (c *Client) Work(ctx context.Context, jobID string, from, to uint64, work []job.WorkItem) error {
+	_, err := c.call(ctx, Request{Op: "work", JobID: jobID, From: from, To: to, Work: work})
+	return err
 }
 
 // Release tells the coordinator the job is over.

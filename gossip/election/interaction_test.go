@@ -179,6 +179,11 @@ func execCmd(t *testing.T, nwp **network, text string) string {
 	case "isolate":
 		nw.isolate(arg(0))
 		return ""
+	case "cut":
+		// cut <from> <to>: messages from one peer no longer reach the other
+		// (one way; cut both ways for a broken link).
+		nw.cut[[2]string{arg(0), arg(1)}] = true
+		return ""
 	case "heal":
 		nw.heal()
 		return ""
