@@ -1,23 +1,20 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
 import (
 	"fmt"
 	"math"
-	"unsafe"
-
-	"gorgonia.org/cu"
 )
 
 // Kernel arguments travel in 8-byte slots (cu's Function.Launch copies 8
 // bytes per parameter); the driver reads as many bytes of a slot as the
 // kernel's parameter has, so a little-endian int or float sits in the low
 // bytes.
-func ptrArg(b *buffer) uint64      { return uint64(b.ptr) }
-func devArg(p cu.DevicePtr) uint64 { return uint64(p) }
-func longArg(v int) uint64         { return uint64(int64(v)) }
-func floatArg(v float32) uint64    { return uint64(math.Float32bits(v)) }
+func ptrArg(b *buffer) uint64   { return uint64(b.ptr) }
+func devArg(p devPtr) uint64    { return uint64(p) }
+func longArg(v int) uint64      { return uint64(int64(v)) }
+func floatArg(v float32) uint64 { return uint64(math.Float32bits(v)) }
 func intArg(v int) uint64 {
 	if v < math.MinInt32 || v > math.MaxInt32 {
 		panic(fmt.Sprintf("cuda: kernel argument %d does not fit an int", v))
@@ -44,15 +41,7 @@ func rowThreads(width int) int { return min(max((width+31)/32*32, 32), 256) }
 
 // launchLocked queues kernel name on the default stream.
 func (be *Backend) launchLocked(name string, grid [3]int, block, shmem int, args ...uint64) {
-	fn, ok := be.fns[name]
-	if !ok {
-		panic("cuda: no kernel " + name)
-	}
-	params := make([]unsafe.Pointer, len(args))
-	for i := range args {
-		params[i] = unsafe.Pointer(&args[i])
-	}
-	if err := fn.Launch(grid[0], grid[1], grid[2], block, 1, 1, shmem, cu.NoStream, params); err != nil {
+	if err := be.drv.launch(name, grid, block, shmem, args); err != nil {
 		be.failLocked(name, err)
 	}
 }

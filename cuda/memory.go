@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
@@ -7,15 +7,13 @@ import (
 	"fmt"
 	"unsafe"
 
-	"gorgonia.org/cu"
-
 	"github.com/holopeer/holopeer/stage/tensor"
 )
 
 // buffer is device memory: a pool block of its own, or a view into one.
 type buffer struct {
 	be    *Backend
-	ptr   cu.DevicePtr // 0 for an empty buffer
+	ptr   devPtr // 0 for an empty buffer
 	n     int
 	dt    tensor.DType
 	block int64   // bytes of the pool block; 0 for views and empty buffers
@@ -62,7 +60,7 @@ func blockSize(bytes int64) int64 { return (bytes + blockAlign - 1) / blockAlign
 // from the pool when one is free. When the device is full it frees the
 // pool and tries once more, then panics: Alloc has no error to return, and
 // a stage that does not fit must not run on garbage.
-func (be *Backend) allocLocked(size int64) cu.DevicePtr {
+func (be *Backend) allocLocked(size int64) devPtr {
 	if free := be.pool[size]; len(free) > 0 {
 		p := free[len(free)-1]
 		be.pool[size] = free[:len(free)-1]
@@ -70,10 +68,10 @@ func (be *Backend) allocLocked(size int64) cu.DevicePtr {
 		be.live += size
 		return p
 	}
-	p, err := cu.MemAlloc(size)
+	p, err := be.drv.alloc(size)
 	if err != nil {
 		be.releaseCachedLocked()
-		p, err = cu.MemAlloc(size)
+		p, err = be.drv.alloc(size)
 	}
 	if err != nil {
 		panic(fmt.Sprintf("cuda: allocating %d bytes on %s (%d in use): %v", size, be.desc, be.live, err))
@@ -85,7 +83,7 @@ func (be *Backend) allocLocked(size int64) cu.DevicePtr {
 // freeLocked returns a block to the pool. Work queued on the stream that
 // still reads it runs before any later user of the block, which is queued
 // behind it on the same stream.
-func (be *Backend) freeLocked(p cu.DevicePtr, size int64) {
+func (be *Backend) freeLocked(p devPtr, size int64) {
 	be.pool[size] = append(be.pool[size], p)
 	be.cached += size
 	be.live -= size
@@ -95,8 +93,8 @@ func (be *Backend) freeLocked(p cu.DevicePtr, size int64) {
 func (be *Backend) releaseCachedLocked() {
 	for size, free := range be.pool {
 		for _, p := range free {
-			if err := cu.MemFree(p); err != nil {
-				be.failLocked("cuMemFree", err)
+			if err := be.drv.free(p); err != nil {
+				be.failLocked("freeing device memory", err)
 			}
 		}
 		delete(be.pool, size)
@@ -133,8 +131,8 @@ func (be *Backend) Alloc(dt tensor.DType, n int) tensor.Buffer {
 	b.block = blockSize(4 * int64(n))
 	defer be.lock()()
 	b.ptr = be.allocLocked(b.block)
-	if err := cu.MemsetD32Async(b.ptr, 0, int64(n), cu.NoStream); err != nil {
-		be.failLocked("cuMemsetD32Async", err)
+	if err := be.drv.memset32(b.ptr, 0, n); err != nil {
+		be.failLocked("clearing a buffer", err)
 	}
 	return b
 }
@@ -168,7 +166,7 @@ func (be *Backend) View(x tensor.Buffer, off, n int) tensor.Buffer {
 	}
 	v := &buffer{be: be, n: n, dt: b.dt, root: root}
 	if n > 0 {
-		v.ptr = b.ptr + cu.DevicePtr(4*off)
+		v.ptr = b.ptr + devPtr(4*off)
 	}
 	return v
 }
@@ -194,8 +192,8 @@ func (be *Backend) upload(d *buffer, src unsafe.Pointer) {
 	defer be.lock()()
 	// Synchronous from pageable memory: src may be reused on return, and
 	// the copy is ordered after the work already queued.
-	if err := cu.MemcpyHtoD(d.ptr, src, 4*int64(d.n)); err != nil {
-		be.failLocked("cuMemcpyHtoD", err)
+	if err := be.drv.htod(d.ptr, src, 4*int64(d.n)); err != nil {
+		be.failLocked("copying to the device", err)
 	}
 }
 
@@ -208,48 +206,43 @@ func (be *Backend) Download(dst []float32, src tensor.Buffer) {
 		return
 	}
 	defer be.lock()()
-	if err := cu.MemcpyDtoH(unsafe.Pointer(unsafe.SliceData(dst)), s.ptr, 4*int64(s.n)); err != nil {
-		be.failLocked("cuMemcpyDtoH", err)
+	if err := be.drv.dtoh(unsafe.Pointer(unsafe.SliceData(dst)), s.ptr, 4*int64(s.n)); err != nil {
+		be.failLocked("copying from the device", err)
 	}
 }
 
 // downloadF64Locked copies n float64 values from device memory; it waits
 // for the work queued before it.
-func (be *Backend) downloadF64Locked(p cu.DevicePtr, n int) []float64 {
+func (be *Backend) downloadF64Locked(p devPtr, n int) []float64 {
 	out := make([]float64, n)
-	if err := cu.MemcpyDtoH(unsafe.Pointer(unsafe.SliceData(out)), p, 8*int64(n)); err != nil {
-		be.failLocked("cuMemcpyDtoH", err)
+	if err := be.drv.dtoh(unsafe.Pointer(unsafe.SliceData(out)), p, 8*int64(n)); err != nil {
+		be.failLocked("copying from the device", err)
 	}
 	return out
 }
 
 // Sync implements tensor.Backend: it waits for the device and reports the
-// first driver or cuBLAS failure (for good: a CUDA context that faulted
+// first device failure (for good: a CUDA context that faulted
 // stays unusable), and any out-of-range ids, targets or positions that
 // kernels met since the last Sync.
 func (be *Backend) Sync() error {
 	defer be.lock()()
-	if err := cu.Synchronize(); err != nil {
-		be.failLocked("cuCtxSynchronize", err)
-	}
-	if be.blas != nil {
-		if err := be.blas.Err(); err != nil {
-			be.failLocked("cuBLAS", err)
-		}
+	if err := be.drv.sync(); err != nil {
+		be.failLocked("synchronising", err)
 	}
 	if be.err != nil {
 		return be.err
 	}
 	var word uint32
-	if err := cu.MemcpyDtoH(unsafe.Pointer(&word), be.errWord, 4); err != nil {
-		be.failLocked("cuMemcpyDtoH", err)
+	if err := be.drv.dtoh(unsafe.Pointer(&word), be.errWord, 4); err != nil {
+		be.failLocked("copying from the device", err)
 		return be.err
 	}
 	if word == 0 {
 		return nil
 	}
-	if err := cu.MemsetD32(be.errWord, 0, 1); err != nil {
-		be.failLocked("cuMemsetD32", err)
+	if err := be.drv.memset32(be.errWord, 0, 1); err != nil {
+		be.failLocked("clearing the error word", err)
 	}
 	return errBitsError(word)
 }

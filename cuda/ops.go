@@ -1,31 +1,13 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
 import (
 	"fmt"
 	"math"
-	"unsafe"
-
-	"gonum.org/v1/gonum/blas"
-	"gorgonia.org/cu"
 
 	"github.com/holopeer/holopeer/stage/tensor"
 )
-
-// devSlice is a Go slice header over device memory, the form cu's cuBLAS
-// wrapper takes (it passes &s[0] to cuBLAS and never dereferences it).
-func devSlice(b *buffer) []float32 {
-	u := uintptr(b.ptr)
-	return unsafe.Slice(*(**float32)(unsafe.Pointer(&u)), b.n)
-}
-
-func trans(t bool) blas.Transpose {
-	if t {
-		return blas.Trans
-	}
-	return blas.NoTrans
-}
 
 // Gemm implements tensor.Backend with cublasSgemm. cuBLAS is column-major:
 // a row-major C = op(A)·op(B) is the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, which
@@ -54,8 +36,7 @@ func (be *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b te
 		ldb = k
 	}
 	defer be.lock()()
-	be.blas.Sgemm(trans(transB), trans(transA), n, m, k, alpha, devSlice(bb), ldb, devSlice(ab), lda, beta, devSlice(cb), n)
-	if err := be.blas.Err(); err != nil {
+	if err := be.drv.sgemm(transB, transA, n, m, k, alpha, bb.ptr, ldb, ab.ptr, lda, beta, cb.ptr, n); err != nil {
 		be.failLocked("cublasSgemm", err)
 	}
 }
@@ -67,8 +48,8 @@ func (be *Backend) Fill(x tensor.Buffer, v float32) {
 		return
 	}
 	defer be.lock()()
-	if err := cu.MemsetD32Async(b.ptr, uint(math.Float32bits(v)), int64(b.n), cu.NoStream); err != nil {
-		be.failLocked("cuMemsetD32Async", err)
+	if err := be.drv.memset32(b.ptr, math.Float32bits(v), b.n); err != nil {
+		be.failLocked("filling a buffer", err)
 	}
 }
 
@@ -80,8 +61,8 @@ func (be *Backend) Copy(dst, src tensor.Buffer) {
 		return
 	}
 	defer be.lock()()
-	if err := cu.MemcpyDtoDAsync(d.ptr, s.ptr, 4*int64(d.n), cu.NoStream); err != nil {
-		be.failLocked("cuMemcpyDtoDAsync", err)
+	if err := be.drv.dtod(d.ptr, s.ptr, 4*int64(d.n)); err != nil {
+		be.failLocked("copying on the device", err)
 	}
 }
 
@@ -357,5 +338,3 @@ func (be *Backend) AdamW(p, g, m, v tensor.Buffer, h tensor.AdamWStep) {
 	be.launch1D("hp_adamw", pb.n, ptrArg(pb), ptrArg(gb), ptrArg(mb), ptrArg(vb), longArg(pb.n), floatArg(decay),
 		floatArg(h.Beta1), floatArg(h.Beta2), floatArg(h.Eps), floatArg(h.GradScale), floatArg(stepSize), floatArg(bc2Sqrt))
 }
-
-var _ tensor.Backend = (*Backend)(nil)

@@ -34,7 +34,7 @@ __device__ __forceinline__ float hp_warp_dot(const float* a, const float* b, int
 extern "C" __global__ void __launch_bounds__(HP_ATTN_THREADS)
     hp_attn_forward(float* out, float* lse, const float* q, const float* k, const float* v, int heads,
                     int kv_heads, int head_dim, int seq_q, int seq_k, int q_offset, float scale) {
-  extern __shared__ float sh[];  // the query row: head_dim floats
+  HP_DYN_SHARED(float, sh);  // the query row: head_dim floats
   __shared__ float sp[HP_ATTN_CHUNK];
   __shared__ float wmax[HP_ATTN_WARPS];
   __shared__ double wsum[HP_ATTN_WARPS];
@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(HP_ATTN_THREADS)
     hp_attn_backward_q(float* dq, float* dsum, const float* dout, const float* q, const float* k, const float* v,
                        const float* out, const float* lse, int heads, int kv_heads, int head_dim, int seq_q,
                        int seq_k, int q_offset, float scale) {
-  extern __shared__ float sh[];  // query row, then output-gradient row
+  HP_DYN_SHARED(float, sh);  // query row, then output-gradient row
   float* sq = sh;
   float* sdo = sh + head_dim;
   __shared__ float sds[HP_ATTN_CHUNK];
@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(HP_ATTN_THREADS)
     hp_attn_backward_kv(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
                         const float* lse, const float* dsum, int heads, int kv_heads, int head_dim, int seq_q,
                         int seq_k, int q_offset, float scale) {
-  extern __shared__ float sh[];  // key row, then value row
+  HP_DYN_SHARED(float, sh);  // key row, then value row
   float* sk = sh;
   float* sv = sh + head_dim;
   __shared__ float sp[HP_ATTN_CHUNK];

@@ -23,6 +23,13 @@
 
 #define HP_NEG_INF (__int_as_float(0xff800000))
 
+// HP_DYN_SHARED declares a kernel's dynamic shared memory (the launch's
+// sharedMemBytes). cuda/emu, which runs these kernels on the CPU, defines
+// it otherwise.
+#ifndef HP_DYN_SHARED
+#define HP_DYN_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 __device__ __forceinline__ float hp_warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(HP_FULL_MASK, v, o);
   return v;

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -18,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite ptx/*.ptx with what this machin
 // needs libnvrtc but no GPU or driver: the package imports nothing that
 // initialises CUDA. A compile error, an NVRTC warning or a missing entry
 // point fails it, and so does a committed PTX file that differs from what
-// the same NVRTC release makes of the source.
+// the same NVRTC release makes of the source (register numbers aside).
 func TestKernelsCompile(t *testing.T) {
 	major, minor, err := nvrtc.Version()
 	if err != nil {
@@ -39,12 +40,13 @@ func TestKernelsCompile(t *testing.T) {
 			}
 			t.Logf("%d bytes of PTX, %s", len(ptx), Release(ptx))
 			path := filepath.Join("ptx", m.Name+".ptx")
+			same := normalize(ptx) == normalize(m.PTX)
 			switch {
-			case *update:
+			case *update && !same:
 				if err := os.WriteFile(path, []byte(ptx), 0o644); err != nil {
 					t.Fatal(err)
 				}
-			case ptx == m.PTX:
+			case same:
 			case Release(ptx) != Release(m.PTX):
 				t.Logf("committed %s was made by %q, this NVRTC is %q: not compared", path, Release(m.PTX), Release(ptx))
 			default:
@@ -53,6 +55,13 @@ func TestKernelsCompile(t *testing.T) {
 		})
 	}
 }
+
+// NVRTC 11.8 numbers the virtual registers of attention.cu differently
+// from run to run; the instructions are the same. Comparisons ignore the
+// numbers.
+var regNumber = regexp.MustCompile(`(%[a-z]+)(<)?[0-9]+>?`)
+
+func normalize(ptx string) string { return regNumber.ReplaceAllString(ptx, "$1") }
 
 func compile(t *testing.T, m Module, headers []nvrtc.Include) string {
 	t.Helper()
