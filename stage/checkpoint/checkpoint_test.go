@@ -436,7 +436,7 @@ func TestBadCheckpointsNameTheTensor(t *testing.T) {
 				`{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}`, 24)
 		}, safetensors.ErrHeader, ""},
 		{"rope scaling", func(dir string) {
-			editConfig(t, dir, `"rope_scaling": null`, `"rope_scaling": {"rope_type": "llama3", "factor": 8.0}`)
+			editConfig(t, dir, `"rope_scaling": null`, `"rope_scaling": {"rope_type": "yarn", "factor": 8.0}`)
 		}, checkpoint.ErrUnsupported, "rope_scaling"},
 		{"not llama", func(dir string) {
 			editConfig(t, dir, `"model_type": "llama"`, `"model_type": "gpt2"`)
@@ -691,5 +691,43 @@ func TestShardedCheckpoint(t *testing.T) {
 	writeIndex(weightMap)
 	if _, err := checkpoint.LoadModel(dir); !errors.Is(err, checkpoint.ErrConfig) || !strings.Contains(err.Error(), model.NameFinalNorm) {
 		t.Errorf("index pointing outside the directory: %v", err)
+	}
+}
+
+// TestLlama3RopeScalingMatchesTransformers round-trips a Llama 3.1-style
+// rope_scaling through config.json and checks the loaded model against
+// the transformers-convention reference; the test model's frequencies
+// span all three of llama3's regimes (kept, smoothed, divided).
+func TestLlama3RopeScalingMatchesTransformers(t *testing.T) {
+	cfg := small()
+	cfg.Heads, cfg.KVHeads = 4, 2 // head dim 8: wavelengths 6, 30, 140, 660
+	cfg.RopeScaling = model.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64}
+	m := newModel(t, cfg)
+	dir := save(t, []*model.Stage{m.Stage})
+	hf, err := checkpoint.ReadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := hf.Model(); got.RopeScaling != cfg.RopeScaling {
+		t.Fatalf("rope_scaling came back as %+v", got.RopeScaling)
+	}
+	loaded, err := checkpoint.LoadModel(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loaded.Close()
+	f, err := safetensors.Open(filepath.Join(dir, checkpoint.ModelFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := decode(t, []*model.Stage{loaded.Stage}, prompt)
+	if e := relErr(got, hfForward(t, f, hf, prompt)); e > 2e-5 {
+		t.Errorf("llama3-scaled logits differ from the reference by %.3g", e)
+	}
+	plain := hf
+	plain.RopeScaling = nil
+	if e := relErr(got, hfForward(t, f, plain, prompt)); e < 1e-3 {
+		t.Errorf("the scaling changes nothing (%.3g): the test cannot tell", e)
 	}
 }

@@ -25,6 +25,7 @@ package checkpoint
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -94,7 +95,8 @@ type HFConfig struct {
 	HiddenAct             string   `json:"hidden_act,omitempty"`              // must be "silu"
 	AttentionBias         bool     `json:"attention_bias"`                    // must be false
 	MLPBias               bool     `json:"mlp_bias"`                          // must be false
-	// RopeScaling must be null: holopeer implements plain RoPE only.
+	// RopeScaling is null, or {"rope_type": "llama3", …} as Llama 3.1+
+	// checkpoints have; other scaling types are refused.
 	RopeScaling json.RawMessage `json:"rope_scaling,omitempty"`
 	// RopeParameters is transformers v5's spelling of rope_theta and
 	// rope_scaling ({"rope_type": "default", "rope_theta": …}).
@@ -202,9 +204,6 @@ func (c HFConfig) Model() (model.Config, error) {
 	if c.AttentionBias || c.MLPBias {
 		return model.Config{}, unsupported("attention_bias/mlp_bias: projections with biases are not implemented")
 	}
-	if len(c.RopeScaling) > 0 && !isNull(c.RopeScaling) {
-		return model.Config{}, unsupported("rope_scaling %s: only plain rotary embeddings are implemented", compact(c.RopeScaling))
-	}
 	cfg := model.Config{
 		Vocab:         c.VocabSize,
 		Dim:           c.HiddenSize,
@@ -227,20 +226,35 @@ func (c HFConfig) Model() (model.Config, error) {
 	if c.RopeTheta != nil {
 		cfg.RopeTheta = *c.RopeTheta
 	}
-	if len(c.RopeParameters) > 0 && !isNull(c.RopeParameters) {
+	for _, f := range []struct {
+		key string
+		raw json.RawMessage
+	}{{"rope_scaling", c.RopeScaling}, {"rope_parameters", c.RopeParameters}} {
+		if len(f.raw) == 0 || isNull(f.raw) {
+			continue
+		}
 		var rp struct {
-			RopeType  string   `json:"rope_type"`
-			Type      string   `json:"type"`
-			RopeTheta *float64 `json:"rope_theta"`
+			RopeType       string   `json:"rope_type"`
+			Type           string   `json:"type"` // the older spelling
+			RopeTheta      *float64 `json:"rope_theta"`
+			Factor         float64  `json:"factor"`
+			LowFreqFactor  float64  `json:"low_freq_factor"`
+			HighFreqFactor float64  `json:"high_freq_factor"`
+			OriginalMax    int      `json:"original_max_position_embeddings"`
 		}
-		if err := json.Unmarshal(c.RopeParameters, &rp); err != nil {
-			return model.Config{}, bad("rope_parameters: %v", err)
-		}
-		if t := rp.RopeType + rp.Type; t != "" && t != "default" {
-			return model.Config{}, unsupported("rope_parameters type %q: only default rotary embeddings are implemented", t)
+		if err := json.Unmarshal(f.raw, &rp); err != nil {
+			return model.Config{}, bad("%s: %v", f.key, err)
 		}
 		if rp.RopeTheta != nil {
 			cfg.RopeTheta = *rp.RopeTheta
+		}
+		switch t := cmp.Or(rp.RopeType, rp.Type); t {
+		case "", "default":
+		case "llama3":
+			cfg.RopeScaling = model.RopeScaling{Type: t, Factor: rp.Factor, LowFreqFactor: rp.LowFreqFactor,
+				HighFreqFactor: rp.HighFreqFactor, OriginalMaxPositions: rp.OriginalMax}
+		default:
+			return model.Config{}, unsupported("%s %s: rope type %q is not implemented (default and llama3 are)", f.key, compact(f.raw), t)
 		}
 	}
 	if c.RMSNormEps != nil {
@@ -340,6 +354,13 @@ func NewHFConfig(cfg model.Config, dt safetensors.DType) HFConfig {
 		HiddenAct:             "silu",
 		RopeScaling:           json.RawMessage("null"),
 		TorchDType:            torchName(dt),
+	}
+	if r := cfg.RopeScaling; r.Type != "" {
+		b, _ := json.Marshal(map[string]any{
+			"rope_type": r.Type, "factor": r.Factor, "low_freq_factor": r.LowFreqFactor,
+			"high_freq_factor": r.HighFreqFactor, "original_max_position_embeddings": r.OriginalMaxPositions,
+		})
+		c.RopeScaling = b
 	}
 	if cfg.Subspace.Enabled() {
 		s := cfg.Subspace

@@ -1,6 +1,7 @@
 package checkpoint_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"testing"
@@ -16,7 +17,9 @@ import (
 //
 //   - LlamaRMSNorm: variance = mean(x²) in float32, x·rsqrt(var + eps),
 //     cast back, then weight · x;
-//   - LlamaRotaryEmbedding: inv_freq = 1/base^(arange(0, dim, 2)/dim) and
+//   - LlamaRotaryEmbedding: inv_freq = 1/base^(arange(0, dim, 2)/dim)
+//     (with rope_scaling llama3, rescaled as _compute_llama3_parameters
+//     does) and
 //     freqs = position · inv_freq in float32, emb = cat(freqs, freqs);
 //     apply_rotary_pos_emb: q·cos + rotate_half(q)·sin with
 //     rotate_half(x) = cat(−x[dim/2:], x[:dim/2]);
@@ -76,14 +79,44 @@ func hfForward(t *testing.T, f *safetensors.File, hf checkpoint.HFConfig, ids []
 		}
 		return y
 	}
-	// Rotary tables as transformers computes them (float32 angles).
+	// Rotary tables as transformers computes them: inv_freq (rescaled by
+	// _compute_llama3_parameters when rope_scaling says llama3), then
+	// float32 angles.
+	invFreq := make([]float64, hd/2)
+	for i := range invFreq {
+		invFreq[i] = float64(float32(1 / math.Pow(theta, float64(float32(2*i)/float32(hd)))))
+	}
+	if len(hf.RopeScaling) > 0 && string(hf.RopeScaling) != "null" {
+		var rs struct {
+			RopeType       string  `json:"rope_type"`
+			Factor         float64 `json:"factor"`
+			LowFreqFactor  float64 `json:"low_freq_factor"`
+			HighFreqFactor float64 `json:"high_freq_factor"`
+			Old            float64 `json:"original_max_position_embeddings"`
+		}
+		if err := json.Unmarshal(hf.RopeScaling, &rs); err != nil || rs.RopeType != "llama3" {
+			t.Fatalf("reference: rope_scaling %s", hf.RopeScaling)
+		}
+		lowW, highW := rs.Old/rs.LowFreqFactor, rs.Old/rs.HighFreqFactor
+		for i, f := range invFreq {
+			wavelen := 2 * math.Pi / f
+			scaled := f
+			if wavelen > lowW {
+				scaled = f / rs.Factor
+			}
+			if !(wavelen < highW) && !(wavelen > lowW) {
+				smooth := (rs.Old/wavelen - rs.LowFreqFactor) / (rs.HighFreqFactor - rs.LowFreqFactor)
+				scaled = (1-smooth)*scaled/rs.Factor + smooth*scaled
+			}
+			invFreq[i] = scaled
+		}
+	}
 	cos := make([][]float64, s)
 	sin := make([][]float64, s)
 	for p := 0; p < s; p++ {
 		cos[p], sin[p] = make([]float64, hd), make([]float64, hd)
 		for i := 0; i < hd/2; i++ {
-			invFreq := float32(1 / math.Pow(theta, float64(float32(2*i)/float32(hd))))
-			angle := float64(float32(p) * invFreq)
+			angle := float64(float32(p) * float32(invFreq[i]))
 			cos[p][i], cos[p][i+hd/2] = math.Cos(angle), math.Cos(angle)
 			sin[p][i], sin[p][i+hd/2] = math.Sin(angle), math.Sin(angle)
 		}
