@@ -3,6 +3,7 @@ package gossip
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // accepted must bind exactly the claims the election expects.
 func FuzzClaimEvidence(f *testing.F) {
 	const swarm = "fuzz"
-	v, err := tee.NewVerifier(tee.Policy{AllowSim: true})
+	v, err := tee.NewVerifier(tee.Policy{AllowSim: true}, tee.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	hpeer "github.com/holopeer/holopeer/peer"
 	"github.com/holopeer/holopeer/tee"
+	"github.com/holopeer/holopeer/tee/sim"
 )
 
 // Test harness: real libp2p hosts on loopback TCP (Noise, yamux), real
@@ -253,8 +254,10 @@ func waitAgree(t testing.TB, nodes []*testNode, within time.Duration, ok func(*C
 	}
 }
 
+// simAttester is the production sim attester with the swarm's testnet key.
+// It reports a fixed measurement rather than hashing the test binary.
 func simAttester(t testing.TB, swarm string) tee.Attester {
-	a, err := tee.NewAttester(context.Background(), tee.ModeSim, tee.WithSimKey(tee.SimTestnetKey(swarm)))
+	a, err := sim.NewAttester(tee.SimTestnetKey(swarm), sim.WithMeasurement(make([]byte, sim.MeasurementSize)))
 	if err != nil {
 		t.Fatal(err)
 	}
