@@ -53,12 +53,26 @@
 // A newly started peer first listens for a whole lease, so it joins a
 // running swarm rather than disturbing it.
 //
+// # Votes
+//
+// A follower publishes a Vote (term, coordinator) when it accepts a
+// coordinator and again every VoteTicks while it follows; the coordinator
+// counts them (Followers), so it knows which peers will accept its
+// commands. A peer that hears a valid claim for its accepted term from
+// someone else votes at once: the other claimant, or whoever coordinates
+// that term, learns the term is contested and opens the next one (at most
+// once per lease, since votes prove nothing), which the voter can follow.
+// This is how a peer whose coordinator died in a split term gets back.
+//
 // # Conflicts and partitions
 //
 // Two candidates may claim the same term (views of the candidate set
 // differed, or a partition elected on both sides). The coordinators settle
-// it by rank: the better-ranked one claims T+1 at once, the other stops
-// heartbeating and waits a lease before it may stand again. Peers of both
+// it by rank: the better-ranked one claims T+1 at once, the other sends a
+// last heartbeat marked Resign (its followers stop following it now) and
+// waits a lease before it may stand again. A follower that put off a newer
+// claim while its coordinator was live follows that claim as soon as its
+// coordinator lapses or resigns, rather than opening yet another term. Peers of both
 // sides then accept T+1, because a higher term always wins once its parent
 // rule (below) lets it through. A minority side of a partition may elect its
 // own coordinator in a higher term; when the partition heals, the
