@@ -26,11 +26,22 @@
 //
 // # Numbers
 //
-// Elementwise ops, RoPE, AdamW, Gather and ScatterAdd round exactly as the
-// cpu backend does (kernels built with --fmad=false, the same operation
-// order, float64 trigonometry). Reductions (norms, softmax, attention,
-// GEMM) sum in another order, so results differ from cpu in the last bits;
-// tensortest.CheckParity holds them to 1e-5 of the largest element.
-// Every kernel writes each output element from one thread: results are
-// deterministic from run to run.
+// Add, Axpy, Scale, AdamW, Gather and ScatterAdd round exactly as the cpu
+// backend does (kernels built with --fmad=false, the same operation order);
+// RoPE takes float64 cosines as cpu does, within an ulp. Reductions (norms,
+// softmax, attention, GEMM) sum in another order, so results differ from
+// cpu in the last bits; tensortest.CheckParity holds them to 1e-5 of the
+// largest element. Every kernel writes each output element from one
+// thread: results are deterministic from run to run.
+//
+// # Testing without a GPU
+//
+// With the build tag cudaemu instead of cuda, NewEmulated returns a
+// backend whose kernels run on cuda/emu, a CPU emulator of the CUDA
+// execution model, and the package's tests (tensortest's checks, and
+// cuda/gputest's large shapes, whole-model training step and mixed
+// pipeline against cpu) run on it. cuda/kernels' tests compile every
+// kernel with NVRTC, which needs libnvrtc but no GPU. .ci/cuda.sh runs
+// both, and compiles and vets the tagged package against the toolkit's
+// headers and stub libraries.
 package cuda
