@@ -26,7 +26,8 @@ import (
 //     will punch it. It does so after keeperFirst, backing off to
 //     keeperMax, for one that stayed relayed after a hole punch or
 //     without one; then only the peer with the lower peer ID re-opens, so
-//     two peers never race. A connection carrying streams is left alone.
+//     two peers never race. Between two symmetric NATs it retries only
+//     every keeperMax. A connection carrying streams is left alone.
 
 const (
 	keeperTick  = time.Second
@@ -107,6 +108,12 @@ func (n *Host) keepDirect(now time.Time, state map[lpeer.ID]*keeperState) {
 		if now.Before(st.nextTry) || bytes.Compare([]byte(n.h.ID()), []byte(p)) > 0 || n.nat.punchBusy(p, now) {
 			continue
 		}
+		if st.tries > 0 && n.bothSymmetric(p) {
+			// Punching failed and cannot work; look again only rarely,
+			// in case a NAT changed.
+			st.nextTry = now.Add(keeperMax)
+			continue
+		}
 		st.tries++
 		st.nextTry = now.Add(min(keeperFirst<<st.tries, keeperMax))
 		n.reopenRelayed(p, st.tries, "it stayed relayed")
@@ -172,4 +179,17 @@ func (s *natState) lastPunchError(p lpeer.ID) string {
 		return sum.lastErr
 	}
 	return "none attempted"
+}
+
+// bothSymmetric reports whether our NAT and p's (from its record) both
+// map each destination to a new port: no hole punch can connect them.
+func (n *Host) bothSymmetric(p lpeer.ID) bool {
+	n.mu.Lock()
+	m, ok := n.members[p]
+	theirs := ""
+	if ok {
+		theirs = m.Capability.NATMapping
+	}
+	n.mu.Unlock()
+	return theirs == string(MappingDependent) && overallMapping(n.ownMapping()) == MappingDependent
 }
