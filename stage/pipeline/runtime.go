@@ -65,6 +65,10 @@ type entry struct {
 	codec  codec.Codec
 	worker *Worker
 	driver *Driver
+	// Serving jobs (serve_*.go): a stage node's worker, the researcher's
+	// server.
+	sworker *serveWorker
+	server  *Server
 }
 
 // RuntimeConfig configures a Runtime.
@@ -144,6 +148,10 @@ func (rt *Runtime) dispatch() {
 			}
 		case e.driver != nil:
 			e.driver.offerLink(l)
+		case e.sworker != nil:
+			e.sworker.offerLink(rt.ctx, l)
+		case e.server != nil:
+			e.server.offerLink(l)
 		default:
 			l.Close()
 		}
@@ -193,6 +201,9 @@ func (rt *Runtime) Assign(ctx context.Context, signed []byte, from peer.ID) erro
 	rt.mu.Lock()
 	e := rt.byJob[p.JobID]
 	rt.mu.Unlock()
+	if p.Spec.Kind == job.KindServe {
+		return rt.assignServe(ctx, p, e) // serve_worker.go
+	}
 	if e != nil && e.driver != nil {
 		e.driver.offerPlan(p)
 		return nil

@@ -1,0 +1,162 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/safetensors"
+	"github.com/holopeer/holopeer/stage/tensor"
+	"github.com/holopeer/holopeer/stage/wire"
+)
+
+// serveEvent is what a serving link's reader hands its owner: a batch
+// with its frame, a drop, a control message (a blob assembled), or the
+// error that ended the link.
+type serveEvent struct {
+	from  peer.ID
+	link  *wire.Link
+	msg   *serveMsg
+	frame wire.Frame
+	ctl   *Ctl
+	blob  []byte
+	err   error
+}
+
+// readServeLink forwards a serving link's messages to out until the link
+// ends, then sends its error. A batch message and the forward frame after
+// it arrive as one event; a frame without its message, or one whose rows
+// do not match it, ends the link.
+func readServeLink(ctx context.Context, l *wire.Link, out chan<- serveEvent, blobLimit int64) {
+	from := l.RemotePeer()
+	send := func(ev serveEvent) bool {
+		select {
+		case out <- ev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	fail := func(err error) {
+		l.Close()
+		send(serveEvent{from: from, link: l, err: err})
+	}
+	for {
+		f, err := l.Recv(ctx)
+		if err != nil {
+			send(serveEvent{from: from, link: l, err: err})
+			return
+		}
+		ev := serveEvent{from: from, link: l}
+		switch {
+		case f.Kind != wire.KindControl:
+			fail(fmt.Errorf("pipeline: %s frame without a batch message", f.Kind))
+			return
+		case len(f.Control) > 0 && f.Control[0] == msgServe:
+			m, err := decodeServeMsg(f.Control)
+			if err != nil {
+				fail(err)
+				return
+			}
+			ev.msg = &m
+			if m.Kind == serveBatch {
+				if ev.frame, err = l.Recv(ctx); err != nil {
+					send(serveEvent{from: from, link: l, err: err})
+					return
+				}
+				if ev.frame.Kind != wire.KindForward || ev.frame.Tokens != m.tokens() {
+					fail(fmt.Errorf("pipeline: batch %d of %d tokens came with a %s frame of %d", m.Frame, m.tokens(), ev.frame.Kind, ev.frame.Tokens))
+					return
+				}
+			}
+		default:
+			c, err := decodeCtl(f.Control)
+			if err != nil {
+				fail(err)
+				return
+			}
+			if c.Op == opBlob {
+				if ev.blob, err = recvBlob(ctx, l, c, blobLimit); err != nil {
+					fail(err)
+					return
+				}
+			}
+			ev.ctl = &c
+		}
+		if !send(ev) {
+			return
+		}
+	}
+}
+
+// sendServe writes a serving message and, for a batch, its frame. seq is
+// the link's frame counter (the frame's Step), advanced here.
+func sendServe(ctx context.Context, l *wire.Link, seq *uint64, m serveMsg, data []float32, ids []int) error {
+	p, err := encodeServeMsg(m)
+	if err != nil {
+		return err
+	}
+	if err := l.Send(ctx, wire.Frame{Kind: wire.KindControl, Step: m.Frame, Control: p}); err != nil {
+		return err
+	}
+	if m.Kind != serveBatch {
+		return nil
+	}
+	*seq++
+	return l.Send(ctx, wire.Frame{Kind: wire.KindForward, Step: *seq, Micro: m.Lane, Data: data, IDs: ids})
+}
+
+// encodeWeights serialises a stage's parameters under their checkpoint
+// names (factors of a subspace model under their .z names).
+func encodeWeights(st *model.Stage) ([]byte, error) {
+	var ts []safetensors.Tensor
+	for _, t := range st.Tensors() {
+		ts = append(ts, safetensors.Tensor(t))
+	}
+	var buf bytes.Buffer
+	if err := safetensors.Encode(&buf, ts, nil); err != nil {
+		return nil, fmt.Errorf("pipeline: encode weights: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeWeights builds the stage of cfg covering span from a weights
+// blob, checking that it holds every parameter at its shape with finite
+// values before the stage is handed out.
+func decodeWeights(b []byte, cfg model.Config, span model.Span, be tensor.Backend) (*model.Stage, error) {
+	f, err := safetensors.OpenReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: weights: %w", err)
+	}
+	st, err := model.NewStage(cfg, span, model.WithBackend(be))
+	if err != nil {
+		return nil, err
+	}
+	params := st.Params()
+	if n := len(f.Tensors()); n != len(params) {
+		st.Close()
+		return nil, fmt.Errorf("pipeline: weights hold %d tensors, blocks %d-%d need %d", n, span.First, span.Last-1, len(params))
+	}
+	for _, p := range params {
+		buf := make([]float32, p.Len())
+		if err := f.ReadFloat32(p.Name, p.Shape, buf); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("pipeline: weights: %w", err)
+		}
+		for i, v := range buf {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				st.Close()
+				return nil, fmt.Errorf("pipeline: weights: %s holds a non-finite value at %d", p.Name, i)
+			}
+		}
+		if err := p.Set(buf); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
+	return st, nil
+}
