@@ -58,8 +58,8 @@ die() { echo "$prog: $*" >&2; exit 1; }
 check() {
 	[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces and iptables)"; return 1; }
 	local t
-	for t in ip iptables sysctl; do
-		command -v "$t" >/dev/null || { echo "needs $t (apt-get install iproute2 iptables procps)"; return 1; }
+	for t in ip iptables; do
+		command -v "$t" >/dev/null || { echo "needs $t (apt-get install iproute2 iptables)"; return 1; }
 	done
 	local ns="natlabcheck$$"
 	ip netns add "$ns" 2>/dev/null || { echo "cannot create a network namespace here"; return 1; }
@@ -68,6 +68,10 @@ check() {
 	ip netns del "$ns"
 	[ $ok = 0 ] || { echo "iptables cannot masquerade inside a namespace (nat modules missing?)"; return 1; }
 }
+
+# forwarding sets IPv4 forwarding in a namespace (/proc/sys/net follows the
+# reader's namespace; no sysctl binary needed).
+forwarding() { ip netns exec "$1" sh -c "echo $2 >/proc/sys/net/ipv4/ip_forward"; }
 
 statefile() { echo "$STATE_DIR/$1.ns"; }
 
@@ -146,7 +150,7 @@ up() {
 
 	local inet="$PREFIX-inet"
 	mkns "$inet"
-	ip netns exec "$inet" sysctl -qw net.ipv4.ip_forward=0
+	forwarding "$inet" 0
 	ip -n "$inet" link add sw type bridge
 	ip -n "$inet" link set sw up
 	# The "internet" gateway: a default route for the public side that
@@ -188,7 +192,7 @@ PUB${i}_IP=$INET_NET.$i"
 		ip -n "$home" link set eth0 up
 		ip -n "$home" route add default via "$lan.1"
 
-		ip netns exec "$rt" sysctl -qw net.ipv4.ip_forward=1
+		forwarding "$rt" 1
 		local rnd=()
 		[ "$t" = symmetric ] && rnd=(--random-fully)
 		ip netns exec "$rt" iptables -t nat -A POSTROUTING -s "$lan.0/24" -o wan0 -j MASQUERADE "${rnd[@]}"
