@@ -514,6 +514,7 @@ type trainDisplay struct {
 	last     stepRecord
 	lastTime float64
 	lastTok  int64
+	eval     *float64 // the last evaluation, shown until the next
 }
 
 func newTrainDisplay(w io.Writer, quiet bool, steps, logEvery int) *trainDisplay {
@@ -547,10 +548,13 @@ func (d *trainDisplay) update(r stepRecord) {
 	if dt := r.Elapsed - d.lastTime; dt > 0 {
 		rate = float64(r.Tokens-d.lastTok) / dt
 	}
+	if r.EvalLoss != nil {
+		d.eval = r.EvalLoss
+	}
 	if d.bar != nil {
 		desc := fmt.Sprintf("loss %.4f  %s tok/s  lr %.2e", r.Loss, si(rate), r.LR)
-		if r.EvalLoss != nil {
-			desc += fmt.Sprintf("  eval %.4f", *r.EvalLoss)
+		if d.eval != nil {
+			desc += fmt.Sprintf("  eval %.4f", *d.eval)
 		}
 		d.bar.Describe(desc)
 		d.bar.Add(1)
