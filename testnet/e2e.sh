@@ -13,7 +13,10 @@
 #   6 job          the researcher runs testnet/docker/e2e-job.yaml across
 #                  NATed and public stages; mid-run the coordinator and one
 #                  stage are killed; a new coordinator takes over, the run
-#                  completes, and its step log has every step exactly once
+#                  completes, and its step log has every step exactly once;
+#                  the killed nodes come back and follow the new coordinator.
+#                  Until `holopeer run` exists: "failover", the same kills
+#                  and checks without a job
 #   7 down         testnet/down.sh leaves nothing behind but the base image
 #
 # Steps that need a holopeer feature not built yet (the election: `up --tee
@@ -204,26 +207,84 @@ fi
 # Needs the election (up --tee sim --allow-sim; status .coordinator).
 step=coordinator
 t0=$SECONDS
-coord_name="" coord_id="" coord_term=0
-if tn_has up tee && tn_has up allow-sim; then
+election=0
+tn_has up tee && tn_has up allow-sim && election=1
+# coord_now: "NAME PEER-ID TERM FOLLOWED" of the coordinator the viewpoint
+# follows (FOLLOWED: how many different coordinators the answering nodes
+# follow, counting "none" as one; 1 means all agree), or "- - 0 0".
+coord_now() {
+	status_json | jget '"%s %s %s %d" % (f["coordinator"]["name"], f["coordinator"]["peer_id"], f["coordinator"]["term"], len(f["coordinators_followed"]) + len(f["following_none"])) if f["coordinator"] else "- - 0 0"' 2>/dev/null || echo "- - 0 0"
+}
+coord_name=- coord_id=- coord_term=0
+if [ $election = 1 ]; then
 	deadline=$((SECONDS + COORD_TIMEOUT))
 	while :; do
-		read -r coord_name coord_id coord_term agree <<<"$(status_json | jget '"%s %s %s %d" % (f["coordinator"]["name"], f["coordinator"]["peer_id"], f["coordinator"]["term"], len(f["coordinators_followed"])) if f["coordinator"] else "- - 0 0"' || echo "- - 0 0")"
+		read -r coord_name coord_id coord_term agree <<<"$(coord_now)"
 		[ "$coord_name" != - ] && [ "$agree" = 1 ] && break
 		[ $SECONDS -lt $deadline ] || break
 		sleep 3
 	done
 	snapshot coordinator
 	if [ "$coord_name" != - ] && [ "$agree" = 1 ]; then
-		result coordinator PASS "$coord_name term $coord_term, followed by all, after $((SECONDS - t0)) s"
+		result coordinator PASS "$coord_name term $coord_term, followed by every node, after $((SECONDS - t0)) s"
 	else
 		result coordinator FAIL "no coordinator every node follows after $COORD_TIMEOUT s; see $LOG/status-coordinator.txt"
-		coord_name=""
+		election=0
 	fi
 else
 	result coordinator SKIPPED "holopeer up has no --tee/--allow-sim yet (election not available)"
-	coord_name=""
 fi
+
+# ------------------------------------------------ 6 failover (job or not)
+# kill_coordinator_and_stage: crash the coordinator (unless it is the
+# researcher's machine, which owns the job) and one stage node that is not
+# the coordinator, preferring one the job's output names. Sets `killed`.
+killed=()
+kill_coordinator_and_stage() {
+	local stage="" n id
+	read -r coord_name coord_id coord_term _ <<<"$(coord_now)"
+	if [ "$coord_name" != - ] && [ "$coord_name" != researcher ] && tn_cid "$coord_name" >/dev/null 2>&1; then
+		"$TN_ROOT/testnet/chaos.sh" kill "$coord_name"
+		killed+=("$coord_name")
+	fi
+	for n in stage-c-1 stage-b-1 stage-a-1 pub-1 pub-2 $(tn_node_names); do
+		case $n in boot-* | researcher | "$coord_name") continue ;; esac
+		id=$(awk -v n="$n" '$1 == n { print $2 }' "$TN_RUN/peers")
+		if [ -n "$id" ] && [ -f "$LOG/run.log" ] && grep -q "$id" "$LOG/run.log"; then stage=$n; break; fi
+	done
+	[ -n "$stage" ] || stage=$(tn_node_names | grep -Ev "^(boot-.*|researcher|${coord_name})$" | head -n1)
+	"$TN_ROOT/testnet/chaos.sh" kill "$stage"
+	killed+=("$stage")
+}
+# wait_new_coordinator: a coordinator other than the killed one, with a
+# higher term, that every node still up follows. Sets `new_coord`.
+wait_new_coordinator() {
+	local deadline=$((SECONDS + COORD_TIMEOUT)) n_name n_id n_term agree
+	new_coord=""
+	while [ $SECONDS -lt $deadline ]; do
+		read -r n_name n_id n_term agree <<<"$(coord_now)"
+		if [ "$n_id" != - ] && [ "$n_id" != "$coord_id" ] && [ "$n_term" -gt "$coord_term" ] && [ "$agree" = 1 ]; then
+			new_coord="$n_name term $n_term"
+			return 0
+		fi
+		sleep 3
+	done
+	return 1
+}
+# restart_killed: the crashed nodes come back, rejoin, and follow the one
+# coordinator. Sets `back`.
+restart_killed() {
+	local n deadline=$((SECONDS + HEAL_TIMEOUT)) missing agree
+	for n in "${killed[@]}"; do "$TN_ROOT/testnet/chaos.sh" start "$n" || true; done
+	back=0
+	while [ $SECONDS -lt $deadline ]; do
+		missing=$(status_json | jget '" ".join(f["missing_from_viewpoint"])' 2>/dev/null || echo "?")
+		read -r _ _ _ agree <<<"$(coord_now)"
+		if [ -z "$missing" ] && { [ $election = 0 ] || [ "$agree" = 1 ]; }; then back=1; return 0; fi
+		sleep 3
+	done
+	return 1
+}
 
 # ---------------------------------------------------------------- 6 job
 # Needs `holopeer run` (the Jobs issue). The researcher's container runs it
@@ -232,6 +293,23 @@ step=job
 job_steps=$(sed -n 's/^  steps: *\([0-9]*\).*/\1/p' "$TN_DIR/e2e-job.yaml" | head -n1)
 if ! tn_has run; then
 	result job SKIPPED "holopeer run not available yet"
+	# Without a job, still prove the swarm survives losing its coordinator.
+	if [ $election = 1 ]; then
+		step=failover
+		t0=$SECONDS
+		kill_coordinator_and_stage
+		wait_new_coordinator || true
+		snapshot failover
+		restart_killed || true
+		snapshot failover-back
+		if [ -n "$new_coord" ] && [ $back = 1 ]; then
+			result failover PASS "killed ${killed[*]}; new coordinator $new_coord; the killed nodes rejoined and follow it; $((SECONDS - t0)) s"
+		elif [ -z "$new_coord" ]; then
+			result failover FAIL "killed ${killed[*]}; no new coordinator (term > $coord_term) followed by all within $COORD_TIMEOUT s; see $LOG/status-failover.txt"
+		else
+			result failover FAIL "killed ${killed[*]}; new coordinator $new_coord, but the killed nodes did not rejoin under it within $HEAL_TIMEOUT s; see $LOG/status-failover-back.txt"
+		fi
+	fi
 else
 	t0=$SECONDS
 	rid=$(tn_cid researcher)
@@ -270,53 +348,24 @@ else
 	run_pid=$!
 
 	# Mid-run: once a quarter of the steps are done, kill the coordinator and
-	# one stage that is not the coordinator (a NATed one if possible).
+	# one stage.
 	deadline=$((SECONDS + JOB_TIMEOUT))
 	mid=$((job_steps / 4))
 	[ "$mid" -ge 1 ] || mid=1
-	reached=0
+	reached=0 s=""
 	while kill -0 $run_pid 2>/dev/null && [ $SECONDS -lt $deadline ]; do
 		s=$(last_step || true)
 		if [ -n "$s" ] && [ "$s" -ge "$mid" ]; then reached=1; break; fi
 		sleep 2
 	done
-	killed=()
-	if [ $reached = 1 ]; then
-		if [ -n "$coord_name" ]; then
-			now=$(status_json | jget 'f["coordinator"]["name"] + " " + f["coordinator"]["peer_id"] + " " + str(f["coordinator"]["term"]) if f["coordinator"] else "- - 0"' || echo "- - 0")
-			read -r coord_name coord_id coord_term <<<"$now"
-		fi
-		if [ -n "$coord_name" ] && [ "$coord_name" != - ] && [ "$coord_name" != researcher ] && tn_cid "$coord_name" >/dev/null; then
-			"$TN_ROOT/testnet/chaos.sh" kill "$coord_name"
-			killed+=("$coord_name")
-		fi
-		# A stage the run names in its output, else any stage node.
-		stage=""
-		for n in stage-c-1 stage-b-1 stage-a-1 pub-1 pub-2 $(tn_node_names); do
-			case $n in boot-* | researcher | "$coord_name") continue ;; esac
-			id=$(awk -v n="$n" '$1 == n { print $2 }' "$TN_RUN/peers")
-			if [ -n "$id" ] && grep -q "$id" "$LOG/run.log"; then stage=$n; break; fi
-		done
-		[ -n "$stage" ] || stage=$(tn_node_names | grep -Ev "^(boot-|researcher$|${coord_name:-none}$)" | head -n1)
-		"$TN_ROOT/testnet/chaos.sh" kill "$stage"
-		killed+=("$stage")
-		say "job: at step $s killed ${killed[*]}"
-	fi
-
-	# A new coordinator (higher term, another peer) while the run goes on.
 	new_coord="n/a"
-	if [ -n "$coord_name" ] && [ "$coord_name" != - ] && [ $reached = 1 ]; then
-		cdeadline=$((SECONDS + COORD_TIMEOUT))
-		new_coord=""
-		while [ $SECONDS -lt $cdeadline ]; do
-			read -r n_name n_id n_term <<<"$(status_json | jget 'f["coordinator"]["name"] + " " + f["coordinator"]["peer_id"] + " " + str(f["coordinator"]["term"]) if f["coordinator"] else "- - 0"' || echo "- - 0")"
-			if [ "$n_id" != - ] && [ "$n_id" != "$coord_id" ] && [ "$n_term" -gt "$coord_term" ]; then
-				new_coord="$n_name term $n_term"
-				break
-			fi
-			sleep 3
-		done
-		snapshot new-coordinator
+	if [ $reached = 1 ]; then
+		kill_coordinator_and_stage
+		say "job: at step $s killed ${killed[*]}"
+		if [ $election = 1 ]; then
+			wait_new_coordinator || true
+			snapshot new-coordinator
+		fi
 	fi
 
 	run_rc=0
@@ -329,15 +378,15 @@ else
 	fi
 	fetch_steps
 	steps_line=$(python3 "$TN_DIR/tn.py" steps "$LOG/steps.log" --steps "$job_steps") && steps_ok=1 || steps_ok=0
-
-	# The crashed nodes come back.
-	for n in "${killed[@]}"; do "$TN_ROOT/testnet/chaos.sh" start "$n" || true; done
+	back=1
+	[ ${#killed[@]} -eq 0 ] || restart_killed || true
 
 	why=()
 	[ $reached = 1 ] || why+=("never reached step $mid")
 	[ $run_rc = 0 ] || why+=("holopeer run exited $run_rc (see $LOG/run.log)")
-	[ "$new_coord" != "" ] || why+=("no new coordinator after killing $coord_name")
+	[ "$new_coord" != "" ] || why+=("no new coordinator after killing ${killed[*]}")
 	[ $steps_ok = 1 ] || why+=("$steps_line")
+	[ $back = 1 ] || why+=("the killed nodes did not rejoin")
 	if [ ${#why[@]} -eq 0 ]; then
 		result job PASS "$job_steps steps in $((SECONDS - t0)) s; killed ${killed[*]} mid-run; new coordinator $new_coord; $steps_line"
 	else

@@ -260,11 +260,13 @@ tn_flag_type() { awk -v c="$1" -v f="$2" '$1 == c && $2 == f { print $3; exit }'
 #   TN_BOOT_FLAGS       bootstrap nodes: public by fiat (they are the
 #                       testnet's infrastructure) and relays for NATed peers
 #   TN_CANDIDATE_FLAGS  nodes that may become coordinator (sim TEE, testnets only)
+#   TN_VOTER_FLAGS      the researcher's node: never stands, but accepts a
+#                       sim-attested coordinator like everyone else
 #   TN_HOME_FLAGS       nodes behind a home router: reserve slots on the
 #                       bootstraps' relays (RELAYS), find out the rest alone
 #   TN_EXTRA_FLAGS      every node (TN_EXTRA_FLAGS from the caller's environment)
 tn_flags_for_features() {
-	local boot="" cand="" home="" relays=$1
+	local boot="" cand="" voter="" home="" relays=$1
 	if tn_has up reachability; then
 		boot="--reachability public"
 	fi
@@ -276,12 +278,14 @@ tn_flags_for_features() {
 	fi
 	if tn_has up tee && tn_has up allow-sim; then
 		cand="--tee sim --allow-sim"
+		voter="--allow-sim"
 	fi
 	if tn_has up relay-addr && [ -n "$relays" ]; then
 		home="--relay-addr $relays"
 	fi
 	tn_env_set TN_BOOT_FLAGS "${boot# }"
 	tn_env_set TN_CANDIDATE_FLAGS "$cand"
+	tn_env_set TN_VOTER_FLAGS "$voter"
 	tn_env_set TN_HOME_FLAGS "$home"
 	tn_env_set TN_EXTRA_FLAGS "${TN_EXTRA_FLAGS:-}"
 }

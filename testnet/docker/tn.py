@@ -140,6 +140,7 @@ def facts(nodes, routers, names, viewpoint):
         "missing_from_viewpoint": sorted(n for n in expected if n not in seen),
         "coordinator": None if not coord else {"peer_id": coord.get("peer_id"), "name": names.get(coord.get("peer_id"), short(coord.get("peer_id"))), "term": coord.get("term"), "insecure": coord.get("insecure")},
         "coordinators_followed": sorted(coords.values(), key=lambda c: (-(c["term"] or 0), c["name"])),
+        "following_none": sorted(n for n, v in nodes.items() if v["status"] and not v["status"].get("coordinator")),
         "direct_cross_router": direct_cross,
         "relayed_symmetric": relayed_sym,
         "links": {"%s|%s" % k: kind(v) for k, v in sorted(links.items())},
@@ -207,6 +208,8 @@ def print_status(nodes, routers, names, f):
     print("relayed, symmetric router:  %s" % (", ".join("%s<->%s" % tuple(p) for p in f["relayed_symmetric"]) or "none"))
     if f["missing_from_viewpoint"]:
         print("not seen by %s:  %s" % (f["viewpoint"], " ".join(f["missing_from_viewpoint"])))
+    if f["coordinator"] and f["following_none"]:
+        print("following no coordinator:  %s" % " ".join(f["following_none"]))
     if len(f["coordinators_followed"]) > 1:
         print("WARNING nodes follow different coordinators: %s" % "; ".join("%s term %s by %s" % (c["name"], c["term"], ",".join(c["followers"])) for c in f["coordinators_followed"]))
     for name in sorted(routers):
