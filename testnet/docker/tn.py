@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 
 
@@ -279,6 +280,7 @@ def cmd_steps(args):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     ap = argparse.ArgumentParser(prog="tn.py")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("status")
