@@ -1,0 +1,234 @@
+// Package serve is the OpenAI-compatible HTTP API in front of a model:
+// POST /v1/completions, POST /v1/chat/completions (a single JSON body, or
+// server-sent events with "stream": true) and GET /v1/models, with a
+// bounded request queue, sampling (temperature, top-p, seed) and stop
+// strings. It runs on the researcher's node in front of the swarm
+// (pipeline.Server) or, as the single-process reference, in front of one
+// whole model (Local); both are an Engine.
+//
+// # Requests
+//
+// Completions take model, prompt (a string, a one-string array, or token
+// ids), max_tokens (default 16), temperature (default 1; 0 is greedy),
+// top_p (default 1), stop (a string or up to 4), seed, stream,
+// stream_options.include_usage, n (only 1) and user. Chat completions take
+// messages instead of prompt and max_completion_tokens as another name
+// for max_tokens (default: as many as the limits allow). Any other field
+// is refused with 400, as is malformed JSON, so that a typo never
+// silently changes what is generated.
+//
+// # Chat template
+//
+// holopeer's own models have no chat training, so chat uses a plain,
+// documented template: one line per message, "role: content", then
+// "assistant:" for the model to continue; roles are system, user and
+// assistant ("developer" counts as system). Generation also stops at
+// "\nuser:" and "\nsystem:", where the model would start the next turn.
+//
+// # Errors
+//
+// Every error is {"error": {"message", "type", "param", "code"}} as
+// OpenAI's API sends it: 400 invalid_request_error for bad input
+// (code context_length_exceeded when a prompt or max_tokens is over the
+// limits), 404 for an unknown model or path, 429 rate_limit_error
+// (code queue_full, with Retry-After) when the queue is full, and 500 or
+// 503 when generation fails. An error after a stream has started comes
+// as a last event holding the error object.
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/holopeer/holopeer/stage/tokenizer"
+)
+
+// Engine generates tokens: the swarm (pipeline.Server) or one process
+// (Local). prompt holds token ids; pick chooses each next token from the
+// logits, emit receives it and returns true to stop. Both are called on
+// the engine's goroutine and must not block. Generate returns when the
+// sequence ends (after maxNew tokens, a stop, or the context's end; then
+// emit is not called again).
+type Engine interface {
+	Generate(ctx context.Context, prompt []int32, maxNew int, pick func(logits []float32) int32, emit func(token int32) (stop bool)) error
+}
+
+// Config describes the model behind the API and its limits.
+type Config struct {
+	// Model is the id /v1/models lists and responses name. Requests may
+	// name it or leave model out. Required.
+	Model string
+	// Engine generates. Required.
+	Engine Engine
+	// Tokenizer turns prompts into ids and ids into text. Required.
+	Tokenizer tokenizer.Tokenizer
+	// Vocab is the model's vocabulary size (token-id prompts must be
+	// below it). Required.
+	Vocab int
+	// EOS are the ids that end a sequence (the tokenizer's EOS is added).
+	EOS []int
+	// ContextTokens bounds prompt plus output per request (the serving
+	// job's MaxTokens). Required.
+	ContextTokens int
+	// MaxPromptTokens and MaxOutputTokens bound each part (default: the
+	// context).
+	MaxPromptTokens, MaxOutputTokens int
+	// MaxBatch requests generate at once (default 8); MaxQueue more wait
+	// (default 64); beyond that requests get 429.
+	MaxBatch, MaxQueue int
+	// MaxBodyBytes bounds a request body (default 1 MiB).
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+	// Now is the clock for "created" fields (default time.Now).
+	Now func() time.Time
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	eos     []int
+	bos     int
+	slots   chan struct{} // one per generation running
+	pending atomic.Int64  // requests waiting or running
+	mux     *http.ServeMux
+
+	mu   sync.Mutex
+	http *http.Server
+}
+
+// New checks cfg and returns the API.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Model == "" || cfg.Engine == nil || cfg.Tokenizer == nil:
+		return nil, errors.New("serve: a model id, an engine and a tokenizer are required")
+	case cfg.Vocab <= 0 || cfg.ContextTokens < 2:
+		return nil, fmt.Errorf("serve: vocabulary %d, context %d", cfg.Vocab, cfg.ContextTokens)
+	case cfg.Tokenizer.VocabSize() > cfg.Vocab:
+		return nil, fmt.Errorf("serve: tokenizer %s has %d ids, the model %d", cfg.Tokenizer.Name(), cfg.Tokenizer.VocabSize(), cfg.Vocab)
+	}
+	if cfg.MaxPromptTokens <= 0 || cfg.MaxPromptTokens >= cfg.ContextTokens {
+		cfg.MaxPromptTokens = cfg.ContextTokens - 1
+	}
+	if cfg.MaxOutputTokens <= 0 || cfg.MaxOutputTokens > cfg.ContextTokens-1 {
+		cfg.MaxOutputTokens = cfg.ContextTokens - 1
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 8
+	}
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = 64
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Logger.With("component", "serve"),
+		eos: append([]int(nil), cfg.EOS...), bos: tokenizer.BOS(cfg.Tokenizer),
+		slots: make(chan struct{}, cfg.MaxBatch),
+	}
+	if e := cfg.Tokenizer.EOS(); e >= 0 && !contains(s.eos, e) {
+		s.eos = append(s.eos, e)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/completions", s.only(http.MethodPost, s.completions))
+	mux.HandleFunc("/v1/chat/completions", s.only(http.MethodPost, s.chat))
+	mux.HandleFunc("/v1/models", s.only(http.MethodGet, s.models))
+	mux.HandleFunc("/v1/models/{id}", s.only(http.MethodGet, s.model))
+	mux.HandleFunc("/health", s.only(http.MethodGet, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error", CodeStr: "not_found",
+			Message: fmt.Sprintf("no route %s %s; the API serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models", r.Method, r.URL.Path)})
+	})
+	s.mux = mux
+	return s, nil
+}
+
+func contains(ids []int, id int) bool {
+	for _, v := range ids {
+		if v == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Handler is the API's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Serve answers requests on l until Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.http == nil {
+		s.http = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	}
+	hs := s.http
+	s.mu.Unlock()
+	err := hs.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting requests and waits for those in progress
+// (streams included) until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	hs := s.http
+	s.mu.Unlock()
+	if hs == nil {
+		return nil
+	}
+	return hs.Shutdown(ctx)
+}
+
+func (s *Server) only(method string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method {
+			w.Header().Set("Allow", method)
+			writeError(w, &apiError{status: http.StatusMethodNotAllowed, Type: "invalid_request_error", CodeStr: "method_not_allowed",
+				Message: fmt.Sprintf("%s %s is not allowed; use %s", r.Method, r.URL.Path, method)})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// newSeed draws a seed for a request that gave none.
+func newSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
