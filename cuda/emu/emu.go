@@ -1,9 +1,9 @@
-//go:build cudaemu && linux && amd64
+//go:build (cudaemu || metalemu) && linux && amd64
 
 package emu
 
 /*
-#cgo CXXFLAGS: -std=c++17 -O2 -Wno-unknown-pragmas -Wno-attributes -I${SRCDIR}/../kernels
+#cgo CXXFLAGS: -std=c++17 -O2 -Wno-unknown-pragmas -Wno-attributes -I${SRCDIR} -I${SRCDIR}/../kernels
 #include <stdlib.h>
 #include "emu.h"
 */

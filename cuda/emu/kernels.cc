@@ -1,12 +1,9 @@
-//go:build cudaemu && linux && amd64
+//go:build (cudaemu || metalemu) && linux && amd64
 
-// The kernels of cuda/kernels, compiled as C++ against shim.h, and the
-// table that launches them by name.
+// The kernels of cuda/kernels, compiled as C++ against shim.h, and their
+// table.
 
-#include <type_traits>
-#include <utility>
-#include <vector>
-
+#include "registry.h"
 #include "shim.h"
 
 // kernel_*.h are links to ../kernels/*.cu: as .h files of this package
@@ -17,34 +14,9 @@
 #include "kernel_rows.h"
 #include "kernel_attention.h"
 
-namespace {
+using hp_emu_registry::entry;
 
-// arg_as reads a kernel parameter of type T from its 8-byte slot the way
-// the driver does: as many low bytes as T has.
-template <typename T>
-T arg_as(uint64_t v) {
-  if constexpr (std::is_pointer_v<T>) {
-    return reinterpret_cast<T>(static_cast<uintptr_t>(v));
-  } else {
-    static_assert(std::is_arithmetic_v<T>, "unsupported kernel parameter type");
-    T out;
-    memcpy(&out, &v, sizeof(T));
-    return out;
-  }
-}
-
-template <typename... A, size_t... I>
-void call_with(void (*f)(A...), const uint64_t *args, std::index_sequence<I...>) {
-  f(arg_as<A>(args[I])...);
-}
-
-template <typename... A>
-hp_emu_kernel entry(const char *name, void (*f)(A...)) {
-  return hp_emu_kernel{name, static_cast<int>(sizeof...(A)),
-                       [f](const uint64_t *args) { call_with(f, args, std::index_sequence_for<A...>{}); }};
-}
-
-const std::vector<hp_emu_kernel> &table() {
+const std::vector<hp_emu_kernel> &hp_emu_cuda_table() {
   static const std::vector<hp_emu_kernel> t = {
       entry("hp_add", hp_add),
       entry("hp_axpy", hp_axpy),
@@ -68,16 +40,3 @@ const std::vector<hp_emu_kernel> &table() {
   };
   return t;
 }
-
-}  // namespace
-
-const hp_emu_kernel *hp_emu_find_kernel(const char *name) {
-  for (const auto &k : table()) {
-    if (strcmp(k.name, name) == 0) return &k;
-  }
-  return nullptr;
-}
-
-int hp_emu_kernels_len() { return static_cast<int>(table().size()); }
-
-const hp_emu_kernel &hp_emu_kernel_at(int i) { return table()[i]; }

@@ -1,4 +1,4 @@
-//go:build cudaemu && linux && amd64
+//go:build (cudaemu || metalemu) && linux && amd64
 
 // The emulator's scheduler and memory (see doc.go).
 
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "emu.h"
+#include "registry.h"
 #include "shim.h"
 
 hp_uint3 threadIdx, blockIdx, blockDim, gridDim;
@@ -161,6 +162,23 @@ void set_err(char *err, int errlen, const std::string &msg) {
 }  // namespace
 
 void *hp_emu_dyn_shared() { return dyn_shared.data(); }
+
+const hp_emu_kernel *hp_emu_find_kernel(const char *name) {
+  for (const auto *t : {&hp_emu_cuda_table(), &hp_emu_metal_table()}) {
+    for (const auto &k : *t) {
+      if (strcmp(k.name, name) == 0) return &k;
+    }
+  }
+  return nullptr;
+}
+
+int hp_emu_kernels_len() { return static_cast<int>(hp_emu_cuda_table().size() + hp_emu_metal_table().size()); }
+
+const hp_emu_kernel &hp_emu_kernel_at(int i) {
+  const auto &c = hp_emu_cuda_table();
+  if (i < static_cast<int>(c.size())) return c[i];
+  return hp_emu_metal_table()[i - c.size()];
+}
 
 void __syncthreads() { park(kAtBlockBarrier); }
 

@@ -1,4 +1,4 @@
-//go:build cudaemu && linux && amd64
+//go:build (cudaemu || metalemu) && linux && amd64
 
 // Fiber switching for the emulator (System V AMD64).
 //

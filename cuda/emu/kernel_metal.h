@@ -1,0 +1,1 @@
+../../metal/kernels.metal
