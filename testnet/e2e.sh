@@ -101,7 +101,7 @@ command -v python3 >/dev/null || tn_die "e2e.sh needs python3 on the host"
 tn_docker_ok || tn_die "no Docker engine answers (docker info failed)"
 
 # ---------------------------------------------------------------- 1 up
-step=up
+step="up"
 t0=$SECONDS
 up_args=(--nodes "$nodes")
 [ -z "$wan" ] || up_args+=(--wan "$wan")
@@ -113,7 +113,7 @@ else
 fi
 
 # ---------------------------------------------------------------- 2 join
-step=join
+step="join"
 t0=$SECONDS
 deadline=$((SECONDS + JOIN_TIMEOUT))
 while :; do
@@ -122,16 +122,16 @@ while :; do
 	[ $SECONDS -lt $deadline ] || break
 	sleep 3
 done
-all=$(tn_node_names | wc -l)
+count=$(tn_node_names | wc -l)
 if [ -z "$missing" ]; then
-	result join PASS "$all nodes in $((SECONDS - t0)) s"
+	result join PASS "$count nodes in $((SECONDS - t0)) s"
 else
 	result join FAIL "bootstrap does not see: $missing"
 fi
 
 # ---------------------------------------------------------------- 3 nat
 # Needs NAT traversal in the binary (relay reservations: up --relay-addr).
-step=nat
+step="nat"
 t0=$SECONDS
 counts() { status_json | jget '"%d %d" % (len(f["direct_cross_router"]), len(f["relayed_symmetric"]))' || echo "0 0"; }
 if tn_has up relay-addr; then
@@ -161,7 +161,7 @@ fi
 # restored. Passes when the crashed node is back with the same identity, the
 # bootstrap sees every node again and, with NAT traversal, the home behind
 # the cut router is hole-punched to another home again.
-step=chaos
+step="chaos"
 t0=$SECONDS
 hold=${E2E_CHAOS_SECONDS:-45}
 victim=pub-2
@@ -169,7 +169,7 @@ tn_cid "$victim" >/dev/null || victim=$(tn_node_names | grep -Ev '^(boot-.*|rese
 old_id=$(tn_peer_id "$victim")
 "$TN_ROOT/testnet/chaos.sh" kill "$victim"
 frozen=""
-if tn_cid stage-a-1 >/dev/null; then "$TN_ROOT/testnet/chaos.sh" pause stage-a-1; frozen=stage-a-1; fi
+if tn_cid stage-a-1 >/dev/null; then "$TN_ROOT/testnet/chaos.sh" pause stage-a-1; frozen="stage-a-1"; fi
 "$TN_ROOT/testnet/chaos.sh" cut router-c
 sleep "$hold"
 during=$(status_json | jget '" ".join(f["missing_from_viewpoint"])' || echo "?")
@@ -205,7 +205,7 @@ fi
 
 # ---------------------------------------------------------------- 5 coordinator
 # Needs the election (up --tee sim --allow-sim; status .coordinator).
-step=coordinator
+step="coordinator"
 t0=$SECONDS
 election=0
 tn_has up tee && tn_has up allow-sim && election=1
@@ -289,7 +289,7 @@ restart_killed() {
 # ---------------------------------------------------------------- 6 job
 # Needs `holopeer run` (the Jobs issue). The researcher's container runs it
 # with docker exec; flags are passed only where the command has them.
-step=job
+step="job"
 job_steps=$(sed -n 's/^  steps: *\([0-9]*\).*/\1/p' "$TN_DIR/e2e-job.yaml" | head -n1)
 if ! tn_has run; then
 	result job SKIPPED "holopeer run not available yet"
@@ -395,5 +395,5 @@ else
 fi
 
 # ---------------------------------------------------------------- 7 down (in finish)
-step=down
+step="down"
 exit 0
