@@ -17,7 +17,7 @@ set -euo pipefail
 # shellcheck source=docker/lib.sh
 . "$(dirname "$0")/docker/lib.sh"
 
-usage() { sed -n '2,15p' "$0"; }
+usage() { tn_usage "$0"; }
 
 tn_docker_ok || tn_die "no Docker engine answers (docker info failed)"
 

@@ -13,7 +13,7 @@ purge=0
 case ${1:-} in
 --purge) purge=1 ;;
 "") ;;
--h | --help) sed -n '2,8p' "$0"; exit 0 ;;
+-h | --help) tn_usage "$0"; exit 0 ;;
 *) tn_die "unknown argument $1 (usage: down.sh [--purge])" ;;
 esac
 

@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
 	--wan) wan=${2:?}; shift 2 ;;
 	--wan=*) wan=${1#*=}; shift ;;
 	--keep) keep=1; shift ;;
-	-h | --help) sed -n '2,31p' "$0"; exit 0 ;;
+	-h | --help) tn_usage "$0"; exit 0 ;;
 	*) tn_die "unknown argument $1 (see testnet/e2e.sh --help)" ;;
 	esac
 done

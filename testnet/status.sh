@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
 		id=$(tn_cid "${2:?--raw needs a node name}") || tn_die "no testnet node ${2}"
 		exec docker exec "$id" /holopeer status
 		;;
-	-h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+	-h | --help) tn_usage "$0"; exit 0 ;;
 	*) tn_die "unknown argument $1 (see testnet/status.sh --help)" ;;
 	esac
 done

@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
 	--wan) wan=${2:?--wan needs RATE:DELAY}; shift 2 ;;
 	--wan=*) wan=${1#*=}; shift ;;
 	--no-build) export TN_NO_BUILD=1; shift ;;
-	-h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+	-h | --help) tn_usage "$0"; exit 0 ;;
 	*) tn_die "unknown argument $1 (see testnet/up.sh --help)" ;;
 	esac
 done

@@ -41,6 +41,9 @@ TN_SCALED_SERVICES="pub stage-a stage-b stage-c"
 # leaves no build cache behind once the images are removed.
 export DOCKER_BUILDKIT=0
 
+# tn_usage SCRIPT: print the comment block at the top of SCRIPT.
+tn_usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$1"; }
+
 tn_log() { printf '[testnet %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 tn_die() {
 	tn_log "error: $*"
