@@ -323,17 +323,17 @@ else
 	tn_has run bootstrap && run_args+=(--bootstrap "$(tn_env_get TN_JOIN | sed 's/^--bootstrap //')")
 	tn_has run relay-addr && run_args+=(--relay-addr "$(tn_env_get TN_HOME_FLAGS | sed 's/^--relay-addr //')")
 	tn_has run allow-sim && run_args+=(--allow-sim)
-	# Where the steps are logged: a file named by the command, the output
-	# directory's loss.jsonl, or JSON lines on stdout.
+	# Where the steps are logged: --out's steps.jsonl (applied steps and
+	# rollbacks, the exactly-once log), a file named by --step-log, or the
+	# command's own output.
 	steplog_in=""
-	if tn_has run step-log; then
+	if tn_has run out; then
+		run_args+=(--out /data/e2e-out)
+		steplog_in=/data/e2e-out/steps.jsonl
+	elif tn_has run step-log; then
 		run_args+=(--step-log /data/e2e-steps.jsonl)
 		steplog_in=/data/e2e-steps.jsonl
-	elif tn_has run out; then
-		run_args+=(--out /data/e2e-out)
-		steplog_in=/data/e2e-out/loss.jsonl
 	fi
-	tn_has run json && run_args+=(--json)
 	fetch_steps() {
 		if [ -n "$steplog_in" ]; then
 			docker exec "$rid" cat "$steplog_in" >"$LOG/steps.log" 2>/dev/null || : >"$LOG/steps.log"

@@ -11,10 +11,12 @@ bash (the host may have no jq). Standard library only.
       facts e2e.sh checks; --json prints those facts as JSON.
 
   tn.py steps FILE --steps N
-      Checks a training step log: every step from 1 (or 0) to the last
-      exactly once, and the last is N. Lines may be JSON objects with a
-      "step" field or text lines starting "step N". Prints one line; exit 1 if not
-      intact.
+      Checks a training step log. An apply/rollback log (JSON lines with
+      "event": "apply" | "rollback", as `holopeer run` writes to steps.jsonl)
+      is replayed: the committed history must be 1..N, each step applied
+      after the one before it. Otherwise every step from 1 (or 0) to N must
+      appear exactly once (JSON objects with a "step" field, or text lines
+      starting "step N"). Prints one line; exit 1 if not intact.
 """
 
 import argparse
@@ -238,32 +240,33 @@ STEP_TEXT = re.compile(r"^\s*step[\s=:#]+(\d+)\b", re.I)
 
 
 def cmd_steps(args):
-    seen = []
+    entries = []  # (kind, step): kind "apply", "rollback" or "step"
     with open(args.file, errors="replace") as f:
         for line in f:
             line = line.strip()
             if not line:
                 continue
-            step = None
             if line.startswith("{"):
                 try:
                     obj = json.loads(line)
-                    kind = obj.get("event", obj.get("type", obj.get("kind", "step"))) if isinstance(obj, dict) else None
+                except ValueError:
+                    obj = None
+                if isinstance(obj, dict) and isinstance(obj.get("step"), int):
+                    kind = obj.get("event", obj.get("type", obj.get("kind", "step")))
                     # Only step records count; a checkpoint or eval event
                     # naming its step is not a second entry for it.
-                    if kind == "step" and isinstance(obj.get("step"), int):
-                        step = obj["step"]
-                except ValueError:
-                    pass
-            if step is None:
-                m = STEP_TEXT.search(line)
-                if m:
-                    step = int(m.group(1))
-            if step is not None:
-                seen.append(step)
-    if not seen:
+                    if kind in ("step", "apply", "rollback"):
+                        entries.append((kind, obj["step"]))
+                continue
+            m = STEP_TEXT.search(line)
+            if m:
+                entries.append(("step", int(m.group(1))))
+    if not entries:
         print("step log: no steps found in %s" % args.file)
         return 1
+    if any(k in ("apply", "rollback") for k, _ in entries):
+        return check_replay(entries, args.steps)
+    seen = [s for _, s in entries]
     first = 0 if 0 in seen else 1
     want = list(range(first, args.steps + first))
     dups = sorted({s for s in seen if seen.count(s) > 1})
@@ -277,6 +280,41 @@ def cmd_steps(args):
         ", unexpected %s" % extra[:10] if extra else "",
         "intact" if ok else "NOT intact"))
     return 0 if ok else 1
+
+
+def check_replay(entries, steps):
+    """An apply/rollback log (stage/pipeline's step log): replayed, every
+    apply must follow the step before it, a rollback to c undoes what came
+    after c, and the committed history must be 1..steps."""
+    cur, committed, rollbacks, err = 0, [], 0, None
+    for i, (kind, s) in enumerate(entries):
+        if kind == "apply":
+            if s != cur + 1:
+                err = "entry %d: step %d applied after step %d" % (i + 1, s, cur)
+                break
+            cur = s
+            committed.append(s)
+        elif kind == "rollback":
+            rollbacks += 1
+            if s > cur and not committed:
+                committed, cur = list(range(1, s + 1)), s  # joined from a checkpoint
+                continue
+            if s > cur:
+                err = "entry %d: rollback to step %d, ahead of step %d" % (i + 1, s, cur)
+                break
+            cur = s
+            committed = committed[:s]
+        else:
+            err = "entry %d: a plain step record in an apply/rollback log" % (i + 1)
+            break
+    if err is None and committed != list(range(1, len(committed) + 1)):
+        err = "committed history is not 1..%d" % len(committed)
+    if err is None and len(committed) != steps:
+        err = "committed %d steps, the job has %d" % (len(committed), steps)
+    applies = sum(1 for k, _ in entries if k == "apply")
+    print("step log: %d applies, %d rollbacks, committed steps 1..%d -> %s" % (
+        applies, rollbacks, len(committed), "intact" if err is None else "NOT intact: " + err))
+    return 0 if err is None else 1
 
 
 def main():
