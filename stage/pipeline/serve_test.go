@@ -265,9 +265,48 @@ func TestServeConcurrent(t *testing.T) {
 	t.Logf("%d frames for %d tokens", st.Frames, st.Tokens)
 }
 
-// TestServeSubspacePseudonyms: the subspace codec carries coefficients
-// and pseudonymous token ids; generation still equals one process
-// running the model in pseudonym space.
+// nearGreedy checks that every token of got is the greedy choice of the
+// model in one process, fed got itself (teacher forcing), up to tol of
+// the best logit. With perm the model lives in pseudonym space.
+func nearGreedy(t *testing.T, st *model.Stage, prompt, got []int32, perm *Permutation, tol float32) {
+	t.Helper()
+	v := st.Config().Vocab
+	feed, order := func(ids []int32) []int32 { return ids }, make([]int32, v)
+	for i := range order {
+		order[i] = int32(i)
+	}
+	if perm != nil {
+		feed, order = perm.Apply, perm.Apply(order)
+	}
+	c := st.NewCache()
+	defer c.Free()
+	out, err := st.Infer(c, model.Input{Batch: 1, Seq: len(prompt), Tokens: feed(prompt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits := out.Logits[(len(prompt)-1)*v:]
+	for i, tok := range got {
+		best := int32(0)
+		for id := range int32(v) {
+			if logits[order[id]] > logits[order[best]] {
+				best = id
+			}
+		}
+		if gap := logits[order[best]] - logits[order[tok]]; gap > tol {
+			t.Fatalf("token %d: the swarm chose %d, %g below the model's choice %d", i, tok, gap, best)
+		}
+		if out, err = st.Infer(c, model.Input{Batch: 1, Seq: 1, Tokens: feed([]int32{tok})}); err != nil {
+			t.Fatal(err)
+		}
+		logits = out.Logits
+	}
+}
+
+// TestServeSubspacePseudonyms: the subspace codec carries k coefficients
+// and pseudonymous token ids. It rebuilds activations up to float
+// rounding, so the check is that every token is the greedy choice of one
+// process running the model in pseudonym space, within 1e-3 of the best
+// logit (a wrong id mapping misses by whole units at once).
 func TestServeSubspacePseudonyms(t *testing.T) {
 	cfg := serveModel(true)
 	ck := serveCheckpoint(t, cfg)
@@ -284,7 +323,18 @@ func TestServeSubspacePseudonyms(t *testing.T) {
 	prompt := servePrompt(5, 11)
 	const n = 24
 	gens := generateAll(t, srv, [][]int32{prompt}, n, nil)
-	checkSame(t, "subspace", gens[0].tokens, localGreedy(t, ck, trained, prompt, n, perm))
+	st, err := ck.LoadStage(trained, model.Whole(trained))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	nearGreedy(t, st, prompt, gens[0].tokens, perm, 1e-3)
+	want := localGreedy(t, ck, trained, prompt, n, perm)
+	same := 0
+	for same < n && gens[0].tokens[same] == want[same] {
+		same++
+	}
+	t.Logf("equal to the single-process tokens for the first %d of %d", same, n)
 }
 
 // TestServeInt8 runs the lossy int8 codec: generation completes; how

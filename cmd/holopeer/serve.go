@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/holopeer/holopeer/peer/node"
+	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/job"
+	"github.com/holopeer/holopeer/stage/manifest"
+	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/pipeline"
+	"github.com/holopeer/holopeer/stage/serve"
+	"github.com/holopeer/holopeer/stage/tokenizer"
+)
+
+func init() { register(newServeCmd) }
+
+type serveFlags struct {
+	up   upFlags
+	http string
+}
+
+func newServeCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve job.yaml",
+		Short: "Serve a checkpoint from the swarm behind an OpenAI-compatible HTTP API",
+		Long: `serve joins the swarm as a peer (the researcher's node) and places the
+manifest's model.checkpoint on the machines on offer like a training job: the
+coordinator splits the blocks into pipeline.stages stages of
+replicas_per_stage nodes each, every stage node fetches only its blocks'
+weights from this node, and this node keeps the embedding and the head, so
+prompts and generated text never leave it. Stages run forward only with a KV
+cache per request; tokens cross the stages with pipeline.codec (int8 or bf16
+for a dense checkpoint, subspace for one trained with the subspace
+constraint).
+
+It then answers on --http:
+  POST /v1/completions         {"prompt": "...", "max_tokens": 64, ...}
+  POST /v1/chat/completions    {"messages": [{"role": "user", "content": "..."}], ...}
+  GET  /v1/models
+with temperature, top_p, max_tokens, stop (string or list), seed and
+"stream": true for server-sent events. Requests are batched across the
+stages; the serve section of the manifest bounds prompt and output lengths,
+the requests generating at once (max_batch) and those waiting (max_queue:
+beyond it, 429). If a stage node leaves mid-generation, its requests
+continue on a replica or a newly placed node, which rebuilds its KV cache by
+replaying each request's prefix: clients see a pause, never a broken stream.
+
+Chat uses a plain template, one "role: content" line per message and then
+"assistant:"; generation stops where the model starts another turn.`,
+		Example: `  holopeer serve testnet/serve.yaml --bootstrap /ip4/127.0.0.1/tcp/7600/p2p/12D3KooW…
+  curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
+    -d '{"prompt": "the ", "max_tokens": 40, "temperature": 0, "stream": true}'`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := f.up.config()
+			if err != nil {
+				return err
+			}
+			m, err := manifest.Load(args[0])
+			if err != nil {
+				return err
+			}
+			n, err := node.Start(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			defer n.Close()
+			return serveOnNode(cmd.Context(), n, m, serveOptions{HTTP: f.http, Stdout: cmd.OutOrStdout(), Logger: cfg.Logger})
+		},
+	}
+	f.up.register(cmd)
+	fl := cmd.Flags()
+	// Like run: a researcher's node of its own, on ephemeral ports.
+	fl.Lookup("data-dir").DefValue = filepath.Join(defaultDataDir(), "researcher")
+	_ = fl.Set("data-dir", filepath.Join(defaultDataDir(), "researcher"))
+	_ = fl.Set("listen", "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1")
+	fl.Lookup("listen").DefValue = "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1"
+	_ = fl.Set("api", "off")
+	fl.Lookup("api").DefValue = "off"
+	fl.StringVar(&f.http, "http", "127.0.0.1:8000", "HOST:PORT of the OpenAI-compatible API (loopback unless you mean otherwise)")
+	return cmd
+}
+
+// serveOptions are what serving needs besides the node and the manifest.
+type serveOptions struct {
+	HTTP   string
+	Stdout io.Writer
+	Logger *slog.Logger
+	// Ready, if set, is called with the API's base URL once it answers
+	// (testnet prints a curl line; tests send requests).
+	Ready func(baseURL string)
+}
+
+// serveOnNode places m's checkpoint on the swarm from node n and serves it
+// on o.HTTP until ctx ends.
+func serveOnNode(ctx context.Context, n *node.Node, m *manifest.Manifest, o serveOptions) error {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	sv, err := prepareServe(m)
+	if err != nil {
+		return err
+	}
+	defer sv.ck.Close()
+	fmt.Fprintf(o.Stdout, "serving %s: %d blocks of d=%d (%s parameters) on %d stages × %d replicas, codec %s\n",
+		sv.spec.Name, sv.spec.Model.Layers, sv.spec.Model.Dim, si(float64(sv.spec.Model.ParamCount())), sv.spec.Stages, sv.spec.Replicas, sv.spec.Codec)
+
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	c, err := n.WaitCoordinator(wctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if sv.spec.RequireAttested && c.TEE == "" {
+		return errors.New("the manifest requires an attested coordinator and the coordinator offers no evidence")
+	}
+	var srv *pipeline.Server
+	client := n.CoordinatorClient(func(id string) []byte {
+		if srv == nil {
+			return nil
+		}
+		return srv.SignedPlan(id)
+	})
+	srv, err = n.Runtime().NewServer(pipeline.ServeConfig{
+		Spec: sv.spec, Weights: sv.weights, Pseudonyms: sv.perm, Logger: o.Logger,
+	}, client)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := srv.Start(ctx); err != nil {
+		return fmt.Errorf("place the model: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Close(cctx)
+	}()
+	for _, s := range srv.Stats().Plan.Stages {
+		fmt.Fprintf(o.Stdout, "stage %d: blocks %d-%d on %s\n", s.Index, s.First, s.Last-1, shortIDs(s.Replicas))
+	}
+	fmt.Fprintf(o.Stdout, "every stage loaded its blocks in %v\n", time.Since(start).Round(time.Millisecond))
+	return serveHTTP(ctx, srv, sv, o)
+}
+
+// serveHTTP runs the API in front of an engine until ctx ends.
+func serveHTTP(ctx context.Context, eng serve.Engine, sv *servePlan, o serveOptions) error {
+	api, err := serve.New(serve.Config{
+		Model: sv.spec.Name, Engine: eng, Tokenizer: sv.tok, Vocab: sv.spec.Model.Vocab, EOS: sv.eos,
+		ContextTokens: sv.spec.MaxTokens, MaxPromptTokens: sv.maxPrompt, MaxOutputTokens: sv.maxOutput,
+		MaxBatch: sv.spec.MaxBatch, MaxQueue: sv.maxQueue, Logger: o.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.HTTP)
+	if err != nil {
+		return fmt.Errorf("--http %s: %w", o.HTTP, err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- api.Serve(ln) }()
+	base := "http://" + ln.Addr().String()
+	fmt.Fprintf(o.Stdout, "OpenAI-compatible API on %s/v1 (model %q); try:\n", base, sv.spec.Name)
+	fmt.Fprintf(o.Stdout, "  curl -N %s/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"the \", \"max_tokens\": 40, \"temperature\": 0, \"stream\": true}'\n", base)
+	if o.Ready != nil {
+		o.Ready(base)
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return api.Shutdown(sctx)
+}
+
+// servePlan is a serving manifest resolved against its checkpoint.
+type servePlan struct {
+	spec      job.Spec
+	ck        *checkpoint.Checkpoint
+	weights   pipeline.WeightSource
+	perm      *pipeline.Permutation
+	tok       tokenizer.Tokenizer
+	eos       []int
+	maxPrompt int
+	maxOutput int
+	maxQueue  int
+}
+
+// prepareServe opens m's checkpoint and builds the serving job: the dense
+// model for the int8, bf16 and fp32 codecs, the constrained one (its
+// subspace factors) for the subspace codec.
+func prepareServe(m *manifest.Manifest) (*servePlan, error) {
+	if m.Model.Checkpoint == "" {
+		return nil, errors.New("a serving manifest names the model to serve in model.checkpoint")
+	}
+	if m.Serve == nil {
+		m.Serve = &manifest.Serve{}
+		m.ApplyDefaults()
+	}
+	dir := m.Resolve(m.Model.Checkpoint)
+	ck, err := checkpoint.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model.checkpoint: %w", err)
+	}
+	sv := &servePlan{ck: ck, weights: ck}
+	fail := func(err error) (*servePlan, error) {
+		ck.Close()
+		return nil, err
+	}
+	cfg := ck.Config()
+	if m.Pipeline.Codec == "subspace" {
+		trained := ck.TrainingConfig()
+		if !trained.Subspace.Enabled() {
+			return fail(fmt.Errorf("model.checkpoint %s holds a dense model (no subspace factors): serve it with pipeline.codec int8 or bf16", dir))
+		}
+		if trained.Subspace.Rank != m.Pipeline.Rank || trained.Subspace.Seed != m.Pipeline.SubspaceSeed {
+			return fail(fmt.Errorf("model.checkpoint %s was trained with subspace rank %d, seed %d; set pipeline.rank and pipeline.subspace_seed to match",
+				dir, trained.Subspace.Rank, trained.Subspace.Seed))
+		}
+		cfg = trained
+		// A swarm-trained checkpoint keeps its factors in the pseudonym
+		// order of the run's secret (holopeer run writes it beside final/);
+		// the dense head was put back in real order, so reorder it too.
+		if secret, ok := findSecret(dir); ok {
+			if sv.perm, err = pipeline.NewPermutation(cfg.Vocab, secret); err != nil {
+				return fail(err)
+			}
+			sv.weights = pseudonymHead{src: ck, perm: sv.perm, vocab: cfg.Vocab}
+		}
+	}
+	tokSpec := m.Tokenizer
+	if tokSpec == "" {
+		tokSpec = ck.Tokenizer()
+	}
+	if sv.tok, err = tokenizer.New(tokSpec, dir); err != nil {
+		return fail(fmt.Errorf("tokenizer: %w", err))
+	}
+	if sv.tok.VocabSize() > cfg.Vocab {
+		return fail(fmt.Errorf("tokenizer %s has %d ids, more than the model's vocabulary %d", sv.tok.Name(), sv.tok.VocabSize(), cfg.Vocab))
+	}
+	sv.eos = ck.HF.EOS()
+	s := m.Serve
+	maxTokens := min(cfg.MaxSeq, s.MaxPromptTokens+s.MaxOutputTokens)
+	sv.maxPrompt = min(s.MaxPromptTokens, maxTokens-1)
+	sv.maxOutput = min(s.MaxOutputTokens, maxTokens-1)
+	sv.maxQueue = s.MaxQueue
+	sv.spec = job.Spec{
+		JobID: job.NewJobID(m.Name), Name: m.Name, Kind: job.KindServe,
+		Model: cfg, FromCheckpoint: true, Codec: m.Pipeline.Codec,
+		Stages: m.Pipeline.Stages, Replicas: m.Pipeline.ReplicasPerStage,
+		MaxBatch: s.MaxBatch, MaxTokens: maxTokens,
+		RefuseRelayed: m.Privacy.RefuseRelayedLinks, RequireAttested: m.Privacy.RequireAttested(),
+	}
+	if err := sv.spec.Validate(); err != nil {
+		return fail(fmt.Errorf("manifest %s: %w", m.Name, err))
+	}
+	return sv, nil
+}
+
+// findSecret looks for the pseudonym secret of the run that wrote the
+// checkpoint in dir: beside it, or in its parent (holopeer run's --out).
+func findSecret(dir string) ([]byte, bool) {
+	for _, p := range []string{filepath.Join(dir, "pseudonyms.secret"), filepath.Join(filepath.Dir(dir), "pseudonyms.secret")} {
+		if b, err := os.ReadFile(p); err == nil && len(b) >= 16 {
+			return b, true
+		}
+	}
+	return nil, false
+}
+
+// pseudonymHead reads a checkpoint whose head rows are in real token
+// order for a model that otherwise lives in pseudonym order (the factors
+// of a swarm-trained subspace model): it moves row t of the head to row
+// pseudonym(t) as it loads the head stage.
+type pseudonymHead struct {
+	src   pipeline.WeightSource
+	perm  *pipeline.Permutation
+	vocab int
+}
+
+func (p pseudonymHead) LoadStage(cfg model.Config, span model.Span, opts ...model.Option) (*model.Stage, error) {
+	st, err := p.src.LoadStage(cfg, span, opts...)
+	if err != nil || !span.Head || span.Embed {
+		return st, err
+	}
+	ids := make([]int32, p.vocab)
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	ps := p.perm.Apply(ids)
+	for _, prm := range st.Params() {
+		if len(prm.Shape) != 2 || prm.Shape[0] != p.vocab {
+			continue
+		}
+		cols := prm.Shape[1]
+		real := prm.Data()
+		moved := make([]float32, len(real))
+		for t := range p.vocab {
+			copy(moved[int(ps[t])*cols:(int(ps[t])+1)*cols], real[t*cols:(t+1)*cols])
+		}
+		if err := prm.Set(moved); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
+	return st, nil
+}
