@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -149,7 +150,7 @@ func serveOnNode(ctx context.Context, n *node.Node, m *manifest.Manifest, o serv
 		_ = srv.Close(cctx)
 	}()
 	for _, s := range srv.Stats().Plan.Stages {
-		fmt.Fprintf(o.Stdout, "stage %d: blocks %d-%d on %s\n", s.Index, s.First, s.Last-1, shortIDs(s.Replicas))
+		fmt.Fprintf(o.Stdout, "stage %d: blocks %d-%d on %s\n", s.Index, s.First, s.Last-1, strings.Join(s.Replicas, ", "))
 	}
 	fmt.Fprintf(o.Stdout, "every stage loaded its blocks in %v\n", time.Since(start).Round(time.Millisecond))
 	return serveHTTP(ctx, srv, sv, o)
