@@ -31,6 +31,7 @@ type upFlags struct {
 	tee       string
 	allowSim  bool
 	teePolicy string
+	dashboard bool
 
 	dataDir   string
 	swarm     string
@@ -70,6 +71,7 @@ func (f *upFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.reachability, "reachability", "auto", "auto (decide from what peers observe), public or private")
 	fl.StringVar(&f.tee, "tee", "none", "how this node attests to stand as coordinator: auto, snp, tdx, sim (INSECURE, testnets) or none (votes and computes, never stands)")
 	fl.BoolVar(&f.allowSim, "allow-sim", false, "accept sim (INSECURE) attestation: for testnets only; every status line then says INSECURE")
+	fl.BoolVar(&f.dashboard, "dashboard", false, "serve the web dashboard on the --api address (fleet, coordinator, loss curves, leaderboard)")
 	fl.StringVar(&f.teePolicy, "tee-policy", "", "JSON file with the TEE policy (allowed measurements, minimum TCB) a coordinator's evidence must meet")
 	f.flags = fl
 }
@@ -158,6 +160,7 @@ func (f *upFlags) config() (node.Config, error) {
 		TEE:       f.tee,
 		AllowSim:  f.allowSim,
 		TEEPolicy: f.teePolicy,
+		Dashboard: f.dashboard,
 	}, nil
 }
 
@@ -217,5 +220,8 @@ func printNodeBanner(cmd *cobra.Command, n *node.Node) {
 	}
 	if a := n.APIAddr(); a != "" {
 		fmt.Fprintf(w, "  api       http://%s\n", a)
+		if f := cmd.Flags().Lookup("dashboard"); f != nil && f.Value.String() == "true" {
+			fmt.Fprintf(w, "  dashboard http://%s/\n", a)
+		}
 	}
 }

@@ -83,6 +83,9 @@ type Config struct {
 	// only the job's researcher can send them, and only for nodes a plan
 	// of the job named.
 	OnWork func(term uint64, jobID string, from, to uint64, work []job.WorkItem)
+	// AssignLocal hands a plan to this node's own stage runtime, when the
+	// coordinator places a stage on its own node.
+	AssignLocal func(ctx context.Context, signed []byte) error
 }
 
 // Service is the coordinator's job handling: it answers researchers,
@@ -252,13 +255,17 @@ func (s *Service) submit(ctx context.Context, term uint64, researcher string, sp
 	}
 	s.mu.Unlock()
 	exclude := s.busy()
+	var tried []string // nodes an earlier attempt placed: told when a later plan drops them
 	for attempt := 0; attempt < 4; attempt++ {
 		stages, spares, err := Place(s.request(spec, researcher, exclude), s.cfg.Offers())
 		if err != nil {
 			return nil, err
 		}
+		// Each attempt is a newer plan (epoch and links), so a node that
+		// took a stage of an earlier attempt follows this one or drops out.
+		e := uint64(attempt + 1)
 		p := &job.Plan{
-			JobID: spec.JobID, Epoch: 1, Gen: 1, StartStep: 1, Term: term,
+			JobID: spec.JobID, Epoch: e, Gen: e, StartStep: 1, Term: term,
 			Coordinator: s.cfg.Host.ID().String(), Researcher: researcher,
 			Spec: spec, Stages: stages, Spares: spares, IssuedAt: s.cfg.Clock().UTC(),
 		}
@@ -267,6 +274,14 @@ func (s *Service) submit(ctx context.Context, term uint64, researcher string, sp
 			return nil, err
 		}
 		refused := s.assignAll(ctx, p, signed)
+		for _, old := range tried {
+			if p.StageOf(old) < 0 && !slices.Contains(refused, old) {
+				_ = s.assign(ctx, old, signed) // "no stage for you": it drops the job
+			}
+		}
+		for _, st := range p.Stages {
+			tried = append(tried, st.Replicas...)
+		}
 		if len(refused) == 0 {
 			s.mu.Lock()
 			js := &jobState{plan: p, signed: signed, silent: map[string]time.Time{}}
@@ -306,11 +321,19 @@ func (s *Service) assignAll(ctx context.Context, p *job.Plan, signed []byte) []s
 	return refused
 }
 
-// assign sends a signed plan to one node and reads its answer.
+// assign sends a signed plan to one node and reads its answer. The
+// coordinator's own node takes its part directly: libp2p does not dial
+// itself.
 func (s *Service) assign(ctx context.Context, to string, signed []byte) error {
 	id, err := peer.Decode(to)
 	if err != nil {
 		return err
+	}
+	if id == s.cfg.Host.ID() {
+		if s.cfg.AssignLocal == nil {
+			return errors.New("this node cannot take stages")
+		}
+		return s.cfg.AssignLocal(ctx, signed)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

@@ -22,6 +22,9 @@ import (
 	"github.com/holopeer/holopeer/gossip/coord"
 	hpeer "github.com/holopeer/holopeer/peer"
 	"github.com/holopeer/holopeer/peer/api"
+	"github.com/holopeer/holopeer/peer/dashboard"
+	"github.com/holopeer/holopeer/peer/ledger"
+	"github.com/holopeer/holopeer/peer/metrics"
 	"github.com/holopeer/holopeer/stage/pipeline"
 	"github.com/holopeer/holopeer/stage/tensor"
 )
@@ -50,6 +53,8 @@ type Config struct {
 	Backend tensor.Backend
 	// GossipTiming overrides election and presence timing (tests).
 	GossipTiming *gossip.Timing
+	// Dashboard serves the web dashboard at the API address's root.
+	Dashboard bool
 }
 
 func (c *Config) validate() error {
@@ -97,6 +102,12 @@ type Node struct {
 	coord    *coord.Service
 	runtime  *pipeline.Runtime
 	teeLabel string
+	jobs     jobBook
+	cancel   context.CancelFunc
+	ledger   *ledger.Ledger
+	issuer   *ledger.Issuer
+	metrics  *metrics.Metrics
+	dash     *dashboard.Dashboard
 
 	mu       sync.Mutex
 	warnings []string
@@ -135,15 +146,32 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.startServices(ctx); err != nil {
 		return nil, err
 	}
+	if err := n.startReporting(); err != nil {
+		return nil, err
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go n.followJobs(bg)
+	go n.followElection(bg)
+	go n.countPresence(bg)
 	if cfg.API != "off" {
 		n.api = api.NewServer(n.Status, cfg.Logger)
 		n.api.Handle("POST /v1/probe", http.HandlerFunc(n.serveProbe))
+		n.api.Handle("GET /v1/jobs", http.HandlerFunc(n.serveJobs))
+		n.api.Handle("GET /metrics", n.metrics.Handler())
+		n.api.Handle("GET /v1/ledger/", n.ledger.Handler())
+		if n.dash != nil {
+			n.api.Handle("/", n.dash)
+		}
 		if err := n.api.Start(cfg.API); err != nil {
 			return nil, err
 		}
 	}
 	return n, nil
 }
+
+// Logger is the node's logger.
+func (n *Node) Logger() *slog.Logger { return n.log }
 
 // Host is the node's network presence.
 func (n *Node) Host() *hpeer.Host { return n.host }
@@ -278,12 +306,16 @@ func (n *Node) Close() error {
 	}
 	n.closed = true
 	n.mu.Unlock()
+	if n.cancel != nil {
+		n.cancel()
+	}
 	var errs []error
 	if n.api != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		errs = append(errs, n.api.Close(ctx))
 		cancel()
 	}
+	errs = append(errs, n.closeReporting())
 	if n.runtime != nil {
 		errs = append(errs, n.runtime.Close())
 	}

@@ -72,9 +72,16 @@ func (n *Node) startServices(ctx context.Context) error {
 	}
 	n.coord, err = coord.New(coord.Config{
 		Host: h, Key: n.host.PrivateKey(), Logger: cfg.Logger,
+		AssignLocal: func(ctx context.Context, signed []byte) error {
+			if n.runtime == nil {
+				return errors.New("stage runtime not started")
+			}
+			return n.runtime.Assign(ctx, signed, "")
+		},
 		Term:   n.coordinatorTerm,
 		Offers: n.offers,
 		Alive:  n.alive,
+		OnWork: n.onWork,
 	})
 	if err != nil {
 		return err
@@ -107,7 +114,7 @@ func (n *Node) offers() []coord.Offer {
 	add(self.PeerID, capabilityView{GFLOPS: self.GFLOPS, MemoryBytes: self.MemoryBytes, Relayed: self.Relayed, Backend: self.Backend})
 	for id, p := range n.gossip.Presence() {
 		c := p.Capability
-		if c.Swarm != n.cfg.Swarm {
+		if c.Swarm != n.cfg.Swarm || id == n.host.ID() {
 			continue
 		}
 		add(id.String(), capabilityView{GFLOPS: c.GFLOPS, MemoryBytes: c.MemoryBytes, Relayed: c.Relayed, Backend: c.Backend})

@@ -157,3 +157,12 @@ func (s *Spec) StageBytes() uint64 {
 	n := uint64(max(s.MicrobatchTokens(), 1))
 	return 8*n*uint64(s.Model.Dim)*4 + 32<<20
 }
+
+// WorkItem is one stage node's contribution to a job over a stretch of
+// steps: what the researcher reports and the coordinator signs receipts
+// for.
+type WorkItem struct {
+	Peer     string  `json:"peer"`
+	ComputeS float64 `json:"compute_s"`
+	Tokens   int64   `json:"tokens"`
+}

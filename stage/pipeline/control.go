@@ -40,6 +40,7 @@ const (
 	opBlob     = "blob"     // a blob of Size bytes with SHA-256 Hash follows in chunks
 	opApplied  = "applied"  // worker → driver: step applied (reply to apply)
 	opRestored = "restored" // worker → driver: reset done (reply to restore)
+	opStats    = "stats"    // driver asks for the compute time and tokens so far (for receipts)
 )
 
 // Ctl is one control message.
@@ -56,6 +57,9 @@ type Ctl struct {
 	Hash  []byte  `json:"hash,omitempty"`
 	Peer  string  `json:"peer,omitempty"`
 	Err   string  `json:"err,omitempty"`
+	// Work done so far by a stage node (reply to stats).
+	ComputeS float64 `json:"compute_s,omitempty"`
+	Tokens   int64   `json:"tokens,omitempty"`
 }
 
 // maxChunk is the blob payload per control frame.

@@ -27,6 +27,9 @@ type Coordinator interface {
 	// the coordinator already moved a stage) that resumes at step resume.
 	Replan(ctx context.Context, jobID string, epoch uint64, lost string, resume uint64) ([]byte, error)
 	Release(ctx context.Context, jobID string) error
+	// Work reports what each stage node did over steps (from, to], for
+	// the coordinator's contribution receipts.
+	Work(ctx context.Context, jobID string, from, to uint64, work []job.WorkItem) error
 }
 
 // DriverConfig is the researcher's side of a job.
@@ -52,19 +55,23 @@ type DriverConfig struct {
 
 // Progress is the state of a run after a step.
 type Progress struct {
-	Step, Steps    int
-	Loss           float64
-	GradNorm       float64
-	LR             float64
-	TokensPerS     float64
-	BytesSent      int64 // on stage links, both directions
-	PayloadSent    int64 // codec payload only
-	Tokens         int64 // tokens trained so far (committed steps)
-	Residual       float64
-	Recoveries     int
-	Plan           *job.Plan
-	Elapsed        time.Duration
-	LastCheckpoint int
+	Step, Steps int
+	Loss        float64
+	GradNorm    float64
+	LR          float64
+	TokensPerS  float64
+	BytesSent   int64 // on stage links, both directions
+	PayloadSent int64 // codec payload only
+	// BoundaryBytesPerToken is what one token costs at one stage boundary,
+	// forward and backward together, in codec payload: the figure the
+	// codec is chosen for (measured on the researcher's two boundaries).
+	BoundaryBytesPerToken float64
+	Tokens                int64 // tokens trained so far (committed steps)
+	Residual              float64
+	Recoveries            int
+	Plan                  *job.Plan
+	Elapsed               time.Duration
+	LastCheckpoint        int
 }
 
 // Driver runs a training job from the researcher's node.
@@ -97,6 +104,12 @@ type Driver struct {
 	start      time.Time
 	bytesBase  int64 // bytes of links already closed
 	payBase    int64
+	// Work reported to the coordinator so far, per stage node.
+	workSeen map[string]job.WorkItem
+	workStep int
+	// Tensor payload that crossed the researcher's boundaries, and the
+	// tokens it carried (both boundaries, both directions).
+	actBytes, actTokens int64
 }
 
 // stageFailure is a lost stage node.
@@ -272,7 +285,8 @@ func (d *Driver) report(r stepResult) {
 		Step: d.step, Steps: d.cfg.Spec.Steps, Loss: r.loss, GradNorm: r.gradNorm, LR: r.lr,
 		TokensPerS: float64(d.tokens) / el.Seconds(), BytesSent: bytes, PayloadSent: pay,
 		Tokens: d.tokens, Residual: r.residual, Recoveries: d.recoveries, Plan: d.plan,
-		Elapsed: el, LastCheckpoint: d.ckptStep,
+		BoundaryBytesPerToken: d.boundaryBytes(),
+		Elapsed:               el, LastCheckpoint: d.ckptStep,
 	})
 }
 
@@ -519,6 +533,12 @@ func (d *Driver) runStep(ctx context.Context, k int) (stepResult, error) {
 		}
 		mb := int(f.Micro)
 		switch f.Kind {
+		case wire.KindForward:
+			d.countTensor(f, codec.Forward)
+		case wire.KindBackward:
+			d.countTensor(f, codec.Backward)
+		}
+		switch f.Kind {
 		case wire.KindForward: // from the last stage: the head computes the loss
 			out, err := d.last.Forward(mb, model.Input{Batch: spec.Rows, Seq: spec.SeqLen, Hidden: f.Data, Targets: batches[mb].Targets, LossTokens: total})
 			if err != nil {
@@ -589,7 +609,29 @@ func (d *Driver) runStep(ctx context.Context, k int) (stepResult, error) {
 	return res, nil
 }
 
+// boundaryBytes is the codec payload per token per boundary, forward and
+// backward together.
+func (d *Driver) boundaryBytes() float64 {
+	if d.actTokens == 0 {
+		return 0
+	}
+	// actTokens counts each token once per direction per boundary.
+	return 2 * float64(d.actBytes) / float64(d.actTokens)
+}
+
+func (d *Driver) countTensor(f wire.Frame, dir codec.Direction) {
+	n := d.cfg.Spec.MicrobatchTokens()
+	d.actBytes += int64(d.codec.PayloadSize(dir, n))
+	d.actTokens += int64(n)
+}
+
 func (d *Driver) send(ctx context.Context, l *wire.Link, f wire.Frame) error {
+	switch f.Kind {
+	case wire.KindForward:
+		d.countTensor(f, codec.Forward)
+	case wire.KindBackward:
+		d.countTensor(f, codec.Backward)
+	}
 	if err := l.Send(ctx, f); err != nil {
 		return &stageFailure{peer: l.RemotePeer().String(), err: err}
 	}
@@ -742,6 +784,37 @@ func (d *Driver) checkpoint(ctx context.Context) error {
 	}
 	d.ckptStep = d.step
 	d.log.Info("checkpoint", "step", d.step)
+	return d.reportWork(ctx)
+}
+
+// reportWork tells the coordinator what each stage node computed since
+// the last report, so it can sign their contribution receipts.
+func (d *Driver) reportWork(ctx context.Context) error {
+	if d.workSeen == nil {
+		d.workSeen = map[string]job.WorkItem{}
+	}
+	var items []job.WorkItem
+	err := d.await(ctx, d.allStagePeers(), Ctl{Op: opStats, Step: uint64(d.step)}, opStats, func(from peer.ID, ev linkEvent) error {
+		c := ev.ctl
+		if c.ComputeS < 0 || c.Tokens < 0 {
+			return fmt.Errorf("stage node %s reports negative work", from.ShortString())
+		}
+		prev := d.workSeen[from.String()]
+		// A restarted worker's counters start again from zero.
+		if c.ComputeS < prev.ComputeS || c.Tokens < prev.Tokens {
+			prev = job.WorkItem{}
+		}
+		items = append(items, job.WorkItem{Peer: from.String(), ComputeS: c.ComputeS - prev.ComputeS, Tokens: c.Tokens - prev.Tokens})
+		d.workSeen[from.String()] = job.WorkItem{Peer: from.String(), ComputeS: c.ComputeS, Tokens: c.Tokens}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.coord.Work(ctx, d.plan.JobID, uint64(d.workStep), uint64(d.step), items); err != nil {
+		d.log.Warn("could not report work to the coordinator", "err", err)
+	}
+	d.workStep = d.step
 	return nil
 }
 

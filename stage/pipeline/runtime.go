@@ -55,9 +55,10 @@ type Runtime struct {
 	wg      sync.WaitGroup
 
 	// mu guards the following.
-	mu     sync.Mutex
-	byWire map[wire.JobID]*entry
-	byJob  map[string]*entry
+	mu      sync.Mutex
+	byWire  map[wire.JobID]*entry
+	byJob   map[string]*entry
+	changed chan struct{} // closed and replaced whenever a plan is registered
 }
 
 type entry struct {
@@ -101,7 +102,7 @@ func NewRuntime(cfg RuntimeConfig) (*Runtime, error) {
 	rt := &Runtime{
 		host: cfg.Host, log: cfg.Logger.With("component", "pipeline"), backend: cfg.Backend,
 		dir: cfg.DataDir, memory: cfg.Memory, check: cfg.Check, ctx: ctx, cancel: cancel,
-		byWire: map[wire.JobID]*entry{}, byJob: map[string]*entry{},
+		byWire: map[wire.JobID]*entry{}, byJob: map[string]*entry{}, changed: make(chan struct{}),
 	}
 	svc, err := wire.NewService(cfg.Host, wire.AuthorizerFunc(rt.authorize), append([]wire.Option{wire.WithLogger(cfg.Logger)}, cfg.Wire...)...)
 	if err != nil {
@@ -115,15 +116,32 @@ func NewRuntime(cfg RuntimeConfig) (*Runtime, error) {
 	return rt, nil
 }
 
+// planWait is how long a link for a job this node has not heard of yet
+// waits for its plan: the coordinator sends a plan to every node at once,
+// so a neighbour may dial before the plan has reached this node.
+const planWait = 10 * time.Second
+
 // authorize implements wire.Authorizer from the plans this node holds.
-func (rt *Runtime) authorize(_ context.Context, wj wire.JobID, remote peer.ID) (wire.LinkSpec, error) {
-	rt.mu.Lock()
-	e := rt.byWire[wj]
-	rt.mu.Unlock()
-	if e == nil {
-		return wire.LinkSpec{}, fmt.Errorf("%w: no job %s here", wire.ErrNotAuthorized, wj)
+func (rt *Runtime) authorize(ctx context.Context, wj wire.JobID, remote peer.ID) (wire.LinkSpec, error) {
+	deadline := time.NewTimer(planWait)
+	defer deadline.Stop()
+	for {
+		rt.mu.Lock()
+		e, changed := rt.byWire[wj], rt.changed
+		rt.mu.Unlock()
+		if e != nil {
+			return linkSpec(e.plan, e.codec, rt.host.ID().String(), remote.String())
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return wire.LinkSpec{}, fmt.Errorf("%w: no job %s here", wire.ErrNotAuthorized, wj)
+		case <-ctx.Done():
+			return wire.LinkSpec{}, ctx.Err()
+		case <-rt.ctx.Done():
+			return wire.LinkSpec{}, wire.ErrClosed
+		}
 	}
-	return linkSpec(e.plan, e.codec, rt.host.ID().String(), remote.String())
 }
 
 // dispatch hands accepted links to the job they belong to.
@@ -264,6 +282,8 @@ func (rt *Runtime) register(p *job.Plan, c codec.Codec, e *entry) {
 	e.plan, e.codec = p, c
 	rt.byWire[WireJob(p.JobID, p.Gen)] = e
 	rt.byJob[p.JobID] = e
+	close(rt.changed)
+	rt.changed = make(chan struct{})
 }
 
 func (rt *Runtime) forget(jobID string, e *entry) {

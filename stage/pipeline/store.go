@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/holopeer/holopeer/stage/job"
+	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/optim"
 )
 
 // CheckpointStore keeps the shards the driver collects at each checkpoint.
@@ -235,4 +237,61 @@ func (p *Permutation) mapIDs(ids []int32, table []int32) []int32 {
 		out[i] = table[v]
 	}
 	return out
+}
+
+// AssembleStages rebuilds the whole model from a store's latest
+// checkpoint of plan p, on the cpu backend: the researcher's embedding
+// stage, every block stage, and its head stage, in order, with their
+// optimizers. The caller closes the stages. It is how the researcher
+// writes the final model; the blocks come from the researcher's own
+// checkpoint files, never from a stage node.
+func AssembleStages(store CheckpointStore, p *job.Plan) ([]*model.Stage, []*optim.AdamW, error) {
+	step := int(p.Spec.Steps)
+	if ds, ok := store.(*DiskStore); ok {
+		ds.mem.mu.Lock()
+		if ds.mem.ok {
+			step = ds.mem.step
+		}
+		ds.mem.mu.Unlock()
+	}
+	shards, own, err := store.Load(step)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(shards) != len(p.Stages) {
+		return nil, nil, fmt.Errorf("pipeline: checkpoint has %d stage shards, the plan %d stages", len(shards), len(p.Stages))
+	}
+	cfg, L := p.Spec.Model, p.Spec.Model.Layers
+	spans := []model.Span{{First: 0, Last: 0, Embed: true}}
+	blobs := [][]byte{own[0]}
+	for i, s := range p.Stages {
+		spans = append(spans, model.Span{First: s.First, Last: s.Last})
+		blobs = append(blobs, shards[i])
+	}
+	spans = append(spans, model.Span{First: L, Last: L, Head: true})
+	blobs = append(blobs, own[1])
+	var stages []*model.Stage
+	var opts []*optim.AdamW
+	fail := func(err error) ([]*model.Stage, []*optim.AdamW, error) {
+		for _, s := range stages {
+			s.Close()
+		}
+		return nil, nil, err
+	}
+	for i, sp := range spans {
+		st, err := model.NewStage(cfg, sp, model.WithSeed(p.Spec.InitSeed))
+		if err != nil {
+			return fail(err)
+		}
+		stages = append(stages, st)
+		opt, err := optim.New(st.Backend(), p.Spec.Optim)
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := decodeShard(blobs[i], st, opt); err != nil {
+			return fail(fmt.Errorf("stage %d: %w", i, err))
+		}
+		opts = append(opts, opt)
+	}
+	return stages, opts, nil
 }

@@ -105,6 +105,7 @@ func (w *Worker) buildStage() error {
 func (w *Worker) run(ctx context.Context) {
 	defer close(w.done)
 	defer w.shutdown()
+	w.log.Info("linking", "prev_next_home", w.expectedPeers(), "researcher", short(w.plan.Researcher))
 	w.connect(ctx)
 	ready := false
 	for {
@@ -160,7 +161,7 @@ func (w *Worker) connect(ctx context.Context) {
 		go func() {
 			var l *wire.Link
 			var err error
-			for attempt := 0; attempt < 10; attempt++ {
+			for attempt := 0; attempt < 30; attempt++ {
 				l, err = w.rt.svc.OpenLink(ctx, id, wj)
 				if err == nil {
 					select {
@@ -173,10 +174,11 @@ func (w *Worker) connect(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
+				w.log.Debug("open link failed; retrying", "peer", short(remote), "attempt", attempt, "err", err)
 				select {
 				case <-ctx.Done():
 					return
-				case <-time.After(time.Duration(200*(attempt+1)) * time.Millisecond):
+				case <-time.After(time.Duration(min(200*(attempt+1), 2000)) * time.Millisecond):
 				}
 			}
 			w.log.Warn("cannot open link", "peer", short(remote), "err", err)
@@ -364,6 +366,8 @@ func (w *Worker) control(ctx context.Context, ev linkEvent) (stop bool, err erro
 	switch c.Op {
 	case opSumSq:
 		return false, sendCtl(ctx, home, Ctl{Op: opSumSq, Step: c.Step, SumSq: optim.SumSquares(w.be, w.st.Params())})
+	case opStats:
+		return false, sendCtl(ctx, home, Ctl{Op: opStats, Step: c.Step, ComputeS: w.computeTime.Seconds(), Tokens: w.tokens})
 	case opGrads:
 		b, err := encodeGrads(w.st)
 		if err != nil {

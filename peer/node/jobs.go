@@ -1,0 +1,144 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/holopeer/holopeer/peer/api"
+)
+
+// Every node keeps what it hears of the swarm's jobs: a researcher reports
+// its own job's progress here, and the report travels on the gossip jobs
+// topic to every other node, so any node's status and dashboard can show
+// the swarm's jobs and their loss curves.
+
+const (
+	maxJobs      = 32   // jobs remembered
+	maxLossPoint = 2000 // loss samples kept per job
+)
+
+// jobUpdate is the jobs-topic payload: one progress report.
+type jobUpdate struct {
+	Type string         `json:"type"` // "progress"
+	Job  *api.JobStatus `json:"job"`  // Loss holds only the newest points
+}
+
+type jobBook struct {
+	mu   sync.Mutex
+	jobs map[string]*api.JobStatus
+}
+
+func (b *jobBook) merge(st *api.JobStatus) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.jobs == nil {
+		b.jobs = map[string]*api.JobStatus{}
+	}
+	cur, ok := b.jobs[st.JobID]
+	if !ok {
+		if len(b.jobs) >= maxJobs {
+			b.evictOldest()
+		}
+		cp := *st
+		cp.Loss = slices.Clone(st.Loss)
+		b.jobs[st.JobID] = &cp
+		return
+	}
+	points := cur.Loss
+	for _, p := range st.Loss {
+		// A rollback re-runs steps: drop what lies at or after the first
+		// point of the update.
+		for len(points) > 0 && points[len(points)-1].X >= p.X {
+			points = points[:len(points)-1]
+		}
+		points = append(points, p)
+	}
+	if len(points) > maxLossPoint {
+		points = thin(points)
+	}
+	*cur = *st
+	cur.Loss = points
+}
+
+// thin halves a long curve, keeping the newest point.
+func thin(points []api.Point) []api.Point {
+	out := make([]api.Point, 0, len(points)/2+1)
+	for i := len(points) % 2; i < len(points); i += 2 {
+		out = append(out, points[i])
+	}
+	return out
+}
+
+func (b *jobBook) evictOldest() {
+	var oldest string
+	var at time.Time
+	for id, j := range b.jobs {
+		if oldest == "" || j.Updated.Before(at) {
+			oldest, at = id, j.Updated
+		}
+	}
+	delete(b.jobs, oldest)
+}
+
+func (b *jobBook) list() []api.JobStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]api.JobStatus, 0, len(b.jobs))
+	for _, j := range b.jobs {
+		cp := *j
+		cp.Loss = slices.Clone(j.Loss)
+		out = append(out, cp)
+	}
+	slices.SortFunc(out, func(a, b api.JobStatus) int { return b.Updated.Compare(a.Updated) })
+	return out
+}
+
+// ReportJob records this node's own job progress and gossips it. Loss
+// should hold the points since the previous report.
+func (n *Node) ReportJob(ctx context.Context, st api.JobStatus) {
+	st.Updated = time.Now().UTC()
+	n.jobs.merge(&st)
+	b, err := json.Marshal(jobUpdate{Type: "progress", Job: &st})
+	if err != nil {
+		return
+	}
+	if err := n.gossip.PublishJob(ctx, b); err != nil {
+		n.log.Debug("could not gossip job progress", "err", err)
+	}
+}
+
+// Jobs is what this node knows of the swarm's jobs, newest first.
+func (n *Node) Jobs() []api.JobStatus { return n.jobs.list() }
+
+// followJobs merges the progress other researchers gossip.
+func (n *Node) followJobs(ctx context.Context) {
+	for m := range n.gossip.SubscribeJobs(ctx) {
+		if m.From == n.host.ID() {
+			continue
+		}
+		var r receiptUpdate
+		if err := json.Unmarshal(m.Payload, &r); err == nil && r.Type == "receipt" {
+			n.takeReceipt(m.From.String(), r.Receipt)
+			continue
+		}
+		var u jobUpdate
+		if err := json.Unmarshal(m.Payload, &u); err != nil || u.Type != "progress" || u.Job == nil || u.Job.JobID == "" {
+			continue
+		}
+		if u.Job.Researcher != m.From.String() {
+			continue // only a job's researcher reports on it
+		}
+		if len(u.Job.Loss) > 64 || len(u.Job.Stages) > 256 {
+			continue
+		}
+		n.jobs.merge(u.Job)
+	}
+}
+
+func (n *Node) serveJobs(w http.ResponseWriter, r *http.Request) {
+	api.WriteJSON(w, http.StatusOK, n.Jobs())
+}
