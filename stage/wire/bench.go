@@ -36,8 +36,8 @@ type GoodputOptions struct {
 	Duration   time.Duration // sending time per transport and round; 0 means 1 s
 	Rounds     int           // rounds, keeping each figure's best; 0 means 3
 	FrameBytes int           // payload per frame, a multiple of 4096; 0 means 4 MiB
-	// Security is the libp2p transport security the hosts prefer: "noise"
-	// (the default, as peer/ builds hosts) or "tls".
+	// Security is the libp2p transport security the hosts prefer: "tls"
+	// (the default, as peer/ builds hosts) or "noise".
 	Security string
 	Logger   *slog.Logger // nil: discard
 }
@@ -168,11 +168,11 @@ func benchLinks(ctx context.Context, o GoodputOptions, id codec.ID, d, tokens in
 			cleanup()
 		}
 	}()
-	// holopeer's hosts (peer/) prefer Noise, then TLS.
-	security := []libp2p.Option{libp2p.Security(lpnoise.ID, lpnoise.New), libp2p.Security(libp2ptls.ID, libp2ptls.New)}
+	// holopeer's hosts (peer/) prefer TLS, then Noise.
+	security := []libp2p.Option{libp2p.Security(libp2ptls.ID, libp2ptls.New), libp2p.Security(lpnoise.ID, lpnoise.New)}
 	switch o.Security {
-	case "", "noise":
-	case "tls":
+	case "", "tls":
+	case "noise":
 		security[0], security[1] = security[1], security[0]
 	default:
 		return nil, nil, cleanup, fmt.Errorf("wire: unknown libp2p security %q (noise or tls)", o.Security)
