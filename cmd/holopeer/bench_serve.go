@@ -248,6 +248,7 @@ type loopSwarm struct {
 
 	mu   sync.Mutex
 	dead map[peer.ID]bool
+	work []job.WorkItem // what the researcher reported, for receipts
 }
 
 func newLoopSwarm(stageNodes int) (_ *loopSwarm, err error) {
@@ -318,8 +319,26 @@ func newLoopSwarm(stageNodes int) (_ *loopSwarm, err error) {
 			return !s.dead[p]
 		},
 		HealthInterval: time.Second, Grace: time.Hour,
+		OnWork: func(_ uint64, _ string, _, _ uint64, work []job.WorkItem) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.work = append(s.work, work...)
+		},
 	})
 	return s, err
+}
+
+// reported sums the work the coordinator was told of, by peer.
+func (s *loopSwarm) reported() map[string]job.WorkItem {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]job.WorkItem{}
+	for _, w := range s.work {
+		t := out[w.Peer]
+		t.Peer, t.ComputeS, t.Tokens = w.Peer, t.ComputeS+w.ComputeS, t.Tokens+w.Tokens
+		out[w.Peer] = t
+	}
+	return out
 }
 
 // client is the researcher's handle on the coordinator.

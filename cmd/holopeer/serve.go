@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/holopeer/holopeer/peer/api"
 	"github.com/holopeer/holopeer/peer/node"
 	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/job"
@@ -153,7 +154,74 @@ func serveOnNode(ctx context.Context, n *node.Node, m *manifest.Manifest, o serv
 		fmt.Fprintf(o.Stdout, "stage %d: blocks %d-%d on %s\n", s.Index, s.First, s.Last-1, strings.Join(s.Replicas, ", "))
 	}
 	fmt.Fprintf(o.Stdout, "every stage loaded its blocks in %v\n", time.Since(start).Round(time.Millisecond))
-	return serveHTTP(ctx, srv, sv, o)
+	rctx, stopReports := context.WithCancel(ctx)
+	reported := make(chan struct{})
+	go func() {
+		defer close(reported)
+		reportServing(rctx, n, srv, 2*time.Second)
+	}()
+	err = serveHTTP(ctx, srv, sv, o)
+	stopReports()
+	<-reported
+	return err
+}
+
+// reportServing publishes the serving job's state to the swarm (status,
+// dashboard) every interval until ctx ends, then once more as done.
+func reportServing(ctx context.Context, n *node.Node, srv *pipeline.Server, every time.Duration) {
+	spec := srv.Spec()
+	self := n.Host().ID().String()
+	status := func(state string, tps float64) api.JobStatus {
+		st := srv.Stats()
+		js := api.JobStatus{JobID: spec.JobID, Name: spec.Name, Kind: string(job.KindServe), State: state, Researcher: self,
+			Codec: spec.Codec, TokensPerS: tps, Recoveries: st.Recoveries}
+		if st.Plan != nil {
+			for _, s := range st.Plan.Stages {
+				js.Stages = append(js.Stages, api.JobStage{Index: s.Index, First: s.First, Last: s.Last, Replicas: s.Replicas})
+			}
+		}
+		return js
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last, at := srv.Stats().Tokens, time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			n.ReportJob(dctx, status("done", 0))
+			cancel()
+			return
+		case now := <-t.C:
+			tokens := srv.Stats().Tokens
+			n.ReportJob(ctx, status("running", float64(tokens-last)/now.Sub(at).Seconds()))
+			last, at = tokens, now
+		}
+	}
+}
+
+// serveTrained serves the checkpoint a training run of m wrote (what
+// `holopeer testnet --serve` does after training): the same pipeline
+// shape, codec and privacy terms, prompts and outputs of up to half the
+// model's context each. It blocks until ctx ends.
+func serveTrained(ctx context.Context, n *node.Node, m *manifest.Manifest, checkpointDir string, o serveOptions) error {
+	hf, err := checkpoint.ReadConfig(checkpointDir)
+	if err != nil {
+		return err
+	}
+	cfg, err := hf.Model()
+	if err != nil {
+		return err
+	}
+	sm := *m
+	sm.Name = m.Name
+	sm.Model = manifest.Model{Checkpoint: checkpointDir}
+	sm.Serve = &manifest.Serve{MaxPromptTokens: max(1, cfg.MaxSeq/2), MaxOutputTokens: max(1, cfg.MaxSeq-cfg.MaxSeq/2)}
+	sm.ApplyDefaults()
+	if err := sm.Validate(); err != nil {
+		return fmt.Errorf("serving %s: %w", checkpointDir, err)
+	}
+	return serveOnNode(ctx, n, &sm, o)
 }
 
 // serveHTTP runs the API in front of an engine until ctx ends.

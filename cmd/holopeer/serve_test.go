@@ -54,9 +54,18 @@ func serveTestModel(t *testing.T, m *model.Model) {
 	}
 }
 
+// serving is a serving manifest placed on a loopback swarm with its API.
+type serving struct {
+	base  string
+	sv    *servePlan
+	srv   *pipeline.Server
+	swarm *loopSwarm
+	stop  func() // ends the API and the job; idempotent
+}
+
 // startServing resolves a serving manifest, places it on a loopback
-// swarm and serves its API; it returns the API's base URL.
-func startServing(t *testing.T, m *manifest.Manifest, stageNodes int) (string, *servePlan, *pipeline.Server) {
+// swarm and serves its API.
+func startServing(t *testing.T, m *manifest.Manifest, stageNodes int) *serving {
 	t.Helper()
 	sv, err := prepareServe(m)
 	if err != nil {
@@ -83,22 +92,26 @@ func startServing(t *testing.T, m *manifest.Manifest, stageNodes int) (string, *
 	go func() {
 		done <- serveHTTP(ctx, srv, sv, serveOptions{HTTP: "127.0.0.1:0", Stdout: io.Discard, Logger: quietLogger(), Ready: func(u string) { ready <- u }})
 	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer ccancel()
-		srv.Close(cctx)
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+			cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer ccancel()
+			srv.Close(cctx)
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case u := <-ready:
-		return u, sv, srv
+		return &serving{base: u, sv: sv, srv: srv, swarm: sw, stop: stop}
 	case err := <-done:
 		t.Fatal(err)
 	}
-	return "", nil, nil
+	return nil
 }
 
 func writeManifest(t *testing.T, dir, text string) *manifest.Manifest {
@@ -206,7 +219,8 @@ model: {checkpoint: ckpt}
 pipeline: {stages: 3, codec: fp32}
 serve: {max_prompt_tokens: 24, max_output_tokens: 24, max_batch: 4, max_queue: 16}
 `)
-	base, sv, _ := startServing(t, man, 3)
+	sg := startServing(t, man, 3)
+	base, sv := sg.base, sg.sv
 	if sv.spec.MaxTokens != 48 || sv.spec.MaxBatch != 4 || sv.spec.Codec != "fp32" {
 		t.Fatalf("spec %+v", sv.spec)
 	}
@@ -236,6 +250,16 @@ serve: {max_prompt_tokens: 24, max_output_tokens: 24, max_batch: 4, max_queue: 1
 	resp.Body.Close()
 	if resp.StatusCode != 400 {
 		t.Fatalf("max_tokens over the manifest's limit: %d", resp.StatusCode)
+	}
+	// Stopping reports each stage node's work to the coordinator, which
+	// signs receipts from it.
+	sg.stop()
+	work := sg.swarm.reported()
+	for _, st := range sg.srv.Stats().Plan.Stages {
+		w := work[st.Replicas[0]]
+		if w.Tokens == 0 || w.ComputeS <= 0 {
+			t.Fatalf("stage %d's node reported %+v; all: %v", st.Index, w, work)
+		}
 	}
 }
 
@@ -292,7 +316,8 @@ model: {checkpoint: final}
 pipeline: {stages: 3, codec: subspace, rank: 8, subspace_seed: 5}
 serve: {max_prompt_tokens: 24, max_output_tokens: 24}
 `)
-	base, sv, srv := startServing(t, man, 3)
+	sg := startServing(t, man, 3)
+	base, sv, srv := sg.base, sg.sv, sg.srv
 	if sv.perm == nil {
 		t.Fatal("the run's secret was not found")
 	}

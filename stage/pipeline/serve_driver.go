@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,10 @@ type ServeConfig struct {
 	ReadyTimeout time.Duration
 	// KeepAlive is how often idle links carry a ping (default 1 minute).
 	KeepAlive time.Duration
+	// WorkInterval is how often the stage nodes' compute time and tokens
+	// are collected and reported to the coordinator, which signs their
+	// contribution receipts (default 1 minute; also once at Close).
+	WorkInterval time.Duration
 }
 
 // ErrServerClosed is returned by Generate once the server has stopped.
@@ -66,15 +71,17 @@ type Server struct {
 	coord Coordinator
 	self  string
 
-	linkCh  chan *wire.Link
-	planCh  chan *job.Plan
-	events  chan serveEvent
-	reqs    chan *sequence
-	wake    chan struct{}
-	stop    chan struct{}
-	done    chan struct{}
-	once    sync.Once
-	started atomic.Bool
+	linkCh    chan *wire.Link
+	planCh    chan *job.Plan
+	events    chan serveEvent
+	reqs      chan *sequence
+	wake      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	once      sync.Once
+	started   atomic.Bool
+	cancelRun context.CancelFunc
+	reports   sync.WaitGroup // work reports on their way to the coordinator
 
 	mu     sync.Mutex // guards signed and stats
 	signed []byte
@@ -96,6 +103,12 @@ type Server struct {
 	nextID   uint64
 	lanes    int
 	weights  map[int][]byte // weight blobs by stage while connecting
+	// Work accounting: the round asked for, the replies so far, and each
+	// node's counters at the last report.
+	workRound   uint64
+	workLast    uint64
+	workReplies map[string]job.WorkItem
+	workSeen    map[string]job.WorkItem
 }
 
 // ServeStats counts what a server did.
@@ -155,6 +168,9 @@ func (rt *Runtime) NewServer(cfg ServeConfig, coord Coordinator) (*Server, error
 	}
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = serveKeepAlive
+	}
+	if cfg.WorkInterval == 0 {
+		cfg.WorkInterval = time.Minute
 	}
 	c, _, err := newCodec(spec)
 	if err != nil {
@@ -219,12 +235,10 @@ func (s *Server) Start(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("pipeline: server started twice")
 	}
-	// The run goroutine owns everything from here; it stops on Close.
+	// The run goroutine owns everything from here; it stops on Close, and
+	// the links' readers with it once shutdown is done with them.
 	runCtx, cancel := context.WithCancel(context.Background())
-	go func() {
-		<-s.stop
-		cancel()
-	}()
+	s.cancelRun = cancel
 	fail := func(err error) error {
 		s.shutdown(runCtx, err)
 		if s.plan != nil {
@@ -535,6 +549,8 @@ func (q *sequence) gone() bool {
 func (s *Server) run(ctx context.Context) {
 	tick := time.NewTicker(s.cfg.KeepAlive)
 	defer tick.Stop()
+	work := time.NewTicker(s.cfg.WorkInterval)
+	defer work.Stop()
 	var err error
 	defer func() { s.shutdown(ctx, err) }()
 	for {
@@ -566,6 +582,8 @@ func (s *Server) run(ctx context.Context) {
 			for _, l := range s.links {
 				_ = sendCtl(ctx, l, Ctl{Op: opPing})
 			}
+		case <-work.C:
+			s.askWork(ctx)
 		case ev := <-s.events:
 			err = s.handle(ctx, ev)
 		}
@@ -831,6 +849,8 @@ func (s *Server) handle(ctx context.Context, ev serveEvent) error {
 			return &serveFailure{peer: ev.from.String(), err: errors.New(c.Err)}
 		case opReady:
 			s.ready[ev.from] = true
+		case opStats:
+			s.tookWork(ctx, ev.from.String(), c)
 		case opLoad:
 			// A stage reconnected within the placement (its home link
 			// broke and came back) and lost nothing but the link.
@@ -915,11 +935,87 @@ func (s *Server) Close(ctx context.Context) error {
 		return nil
 	}
 	<-s.done
+	s.reports.Wait()
 	if err := s.coord.Release(ctx, s.cfg.Spec.JobID); err != nil {
 		s.log.Warn("could not release the serving job at the coordinator", "err", err)
 		return err
 	}
 	return nil
+}
+
+// askWork asks every stage node for its compute time and tokens so far;
+// the replies come back as events (tookWork).
+func (s *Server) askWork(ctx context.Context) {
+	s.workRound++
+	s.workReplies = map[string]job.WorkItem{}
+	for _, l := range s.links {
+		_ = sendCtl(ctx, l, Ctl{Op: opStats, Step: s.workRound})
+	}
+}
+
+// tookWork takes one node's counters; once every stage node of the plan
+// has answered, what each did since the last report goes to the
+// coordinator.
+func (s *Server) tookWork(ctx context.Context, from string, c *Ctl) {
+	if c.Step != s.workRound || s.workReplies == nil || c.ComputeS < 0 || c.Tokens < 0 {
+		return
+	}
+	s.workReplies[from] = job.WorkItem{Peer: from, ComputeS: c.ComputeS, Tokens: c.Tokens}
+	for _, id := range s.stagePeers() {
+		if _, ok := s.workReplies[id.String()]; !ok {
+			return
+		}
+	}
+	if s.workSeen == nil {
+		s.workSeen = map[string]job.WorkItem{}
+	}
+	var items []job.WorkItem
+	for peer, now := range s.workReplies {
+		prev := s.workSeen[peer]
+		if now.ComputeS < prev.ComputeS || now.Tokens < prev.Tokens {
+			prev = job.WorkItem{} // a restarted worker counts from zero
+		}
+		if d := (job.WorkItem{Peer: peer, ComputeS: now.ComputeS - prev.ComputeS, Tokens: now.Tokens - prev.Tokens}); d.Tokens > 0 || d.ComputeS > 0 {
+			items = append(items, d)
+		}
+		s.workSeen[peer] = now
+	}
+	slices.SortFunc(items, func(a, b job.WorkItem) int { return strings.Compare(a.Peer, b.Peer) })
+	from0, to := s.workLast, s.workRound
+	s.workLast, s.workReplies = s.workRound, nil
+	if len(items) == 0 {
+		return
+	}
+	// Off the loop: the coordinator is a network round trip away.
+	s.reports.Add(1)
+	go func() {
+		defer s.reports.Done()
+		wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.coord.Work(wctx, s.cfg.Spec.JobID, from0, to, items); err != nil {
+			s.log.Warn("could not report serving work to the coordinator", "err", err)
+		}
+	}()
+}
+
+// finalWork collects and reports the work since the last report, briefly,
+// as the server stops.
+func (s *Server) finalWork(ctx context.Context) {
+	if len(s.links) == 0 || s.plan == nil {
+		return
+	}
+	s.askWork(ctx)
+	deadline := time.After(2 * time.Second)
+	for s.workReplies != nil {
+		select {
+		case ev := <-s.events:
+			if s.links[ev.from] == ev.link && ev.ctl != nil && ev.ctl.Op == opStats {
+				s.tookWork(ctx, ev.from.String(), ev.ctl)
+			}
+		case <-deadline:
+			return
+		}
+	}
 }
 
 // shutdown ends every sequence and link; the run goroutine calls it last
@@ -932,6 +1028,9 @@ func (s *Server) shutdown(ctx context.Context, err error) {
 		q.done <- err
 	}
 	s.seqs = nil
+	fctx, fcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	s.finalWork(fctx)
+	fcancel()
 	// Tell every stage the job is over, briefly.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	for _, l := range s.links {
@@ -950,6 +1049,7 @@ func (s *Server) shutdown(ctx context.Context, err error) {
 	}
 	s.first.Close()
 	s.last.Close()
+	s.cancelRun()
 	close(s.done)
 }
 

@@ -371,6 +371,8 @@ func (w *serveWorker) handle(ctx context.Context, ev serveEvent) (stop bool, err
 		w.st = st
 		w.log.Info("weights loaded", "blocks", fmt.Sprintf("%d-%d", sp.First, sp.Last-1), "bytes", len(ev.blob))
 		return false, nil
+	case opStats:
+		return false, sendCtl(ctx, ev.link, Ctl{Op: opStats, Step: c.Step, ComputeS: w.compute.Seconds(), Tokens: w.tokens})
 	case opDone:
 		w.log.Info("serving job done", "compute", w.compute.Round(time.Millisecond), "tokens", w.tokens)
 		return true, nil
