@@ -102,7 +102,13 @@ type Server struct {
 	stale    uint64 // batches up to this one were voided by a recovery
 	nextID   uint64
 	lanes    int
-	weights  map[int][]byte // weight blobs by stage while connecting
+	// perCall: each batch holds one Infer call of one sequence. The
+	// subspace codec rebuilds a frame's rows with one GEMM, whose results
+	// for a row depend on how many rows it has; one call per frame keeps
+	// every token's bits independent of batching, and a replay re-sends
+	// the very frames it replaces. Row-wise codecs batch freely.
+	perCall bool
+	weights map[int][]byte // weight blobs by stage while connecting
 	// Work accounting: the round asked for, the replies so far, and each
 	// node's counters at the last report.
 	workRound   uint64
@@ -141,10 +147,18 @@ type sequence struct {
 	inFlight bool
 }
 
-// flight is a batch on its way round the pipeline.
+// flight is a batch on its way round the pipeline: a part per sequence.
 type flight struct {
-	seqs    []*sequence
-	entries []seqEntry
+	parts []part
+}
+
+// part is one sequence's tokens in a batch; last says the sequence's next
+// token is sampled from its logits (a replay sent as several batches
+// samples only after the last).
+type part struct {
+	q    *sequence
+	e    seqEntry
+	last bool
 }
 
 // NewServer prepares the researcher's side of a serving job: it loads the
@@ -180,7 +194,7 @@ func (rt *Runtime) NewServer(cfg ServeConfig, coord Coordinator) (*Server, error
 		return nil, fmt.Errorf("pipeline: %d sequences × %d tokens at d_model %d exceed a frame; lower the batch or the sequence length", spec.MaxBatch, spec.MaxTokens, spec.Model.Dim)
 	}
 	s := &Server{
-		rt: rt, cfg: cfg, coord: coord, self: rt.host.ID().String(), codec: c,
+		rt: rt, cfg: cfg, coord: coord, self: rt.host.ID().String(), codec: c, perCall: c.ID().Subspace(),
 		log:      cfg.Logger.With("job", spec.JobID, "role", "serve"),
 		linkCh:   make(chan *wire.Link, 64),
 		planCh:   make(chan *job.Plan, 4),
@@ -729,12 +743,21 @@ func (s *Server) schedule(ctx context.Context) error {
 			return nil
 		}
 		slices.SortFunc(waiting, func(a, b *sequence) int { return int(a.id) - int(b.id) })
+		if s.perCall {
+			q := waiting[0]
+			for _, p := range s.parts(q) {
+				if err := s.send(ctx, q.lane, []part{p}); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		// A batch of about 1/depth of the live sequences keeps every stage
 		// busy; the oldest waiting sequence's lane goes first.
 		target := min(maxSeqsPerFrame, max(1, (len(s.seqs)+depth-1)/depth))
 		lane := waiting[0].lane
 		budget := s.cfg.Spec.MaxBatch * s.cfg.Spec.MaxTokens
-		var batch []*sequence
+		var batch []part
 		for _, q := range waiting {
 			if q.lane != lane || len(batch) == target {
 				continue
@@ -744,7 +767,11 @@ func (s *Server) schedule(ctx context.Context) error {
 				break
 			}
 			budget -= n
-			batch = append(batch, q)
+			e := seqEntry{ID: q.id, Pos: q.fed, N: n, First: 1}
+			if q.fed == 0 {
+				e.First = q.promptLen // the prefill, as one process runs it
+			}
+			batch = append(batch, part{q: q, e: e, last: true})
 		}
 		if err := s.send(ctx, lane, batch); err != nil {
 			return err
@@ -753,8 +780,25 @@ func (s *Server) schedule(ctx context.Context) error {
 	return nil
 }
 
+// parts splits a sequence's unsent tokens into one part per Infer call
+// (perCall): the prompt, then each token after it.
+func (s *Server) parts(q *sequence) []part {
+	var out []part
+	pos := q.fed
+	for pos < len(q.tokens) {
+		k := 1
+		if pos == 0 {
+			k = q.promptLen
+		}
+		out = append(out, part{q: q, e: seqEntry{ID: q.id, Pos: pos, N: k, First: k}})
+		pos += k
+	}
+	out[len(out)-1].last = true
+	return out
+}
+
 // send embeds a batch's new tokens and sends it to stage 0.
-func (s *Server) send(ctx context.Context, lane int, batch []*sequence) error {
+func (s *Server) send(ctx context.Context, lane int, batch []part) error {
 	l := s.stage0(lane)
 	if l == nil {
 		reps := s.plan.Stages[0].Replicas
@@ -765,12 +809,12 @@ func (s *Server) send(ctx context.Context, lane int, batch []*sequence) error {
 	m := serveMsg{Kind: serveBatch, Frame: s.frames, Lane: uint32(lane)}
 	var hidden []float32
 	var ids []int
-	for _, q := range batch {
-		e := seqEntry{ID: q.id, Pos: q.fed, N: len(q.tokens) - q.fed, First: 1}
-		if q.fed == 0 {
-			e.First = q.promptLen // the prefill, as one process runs it
+	for _, p := range batch {
+		q, e := p.q, p.e
+		if _, live := s.seqs[q.id]; !live {
+			continue
 		}
-		toks := s.pseudonyms(q.tokens[q.fed:])
+		toks := s.pseudonyms(q.tokens[e.Pos : e.Pos+e.N])
 		h, err := s.embed(e, toks)
 		if err != nil {
 			s.finish(ctx, q, fmt.Errorf("pipeline: embed sequence %d: %w", q.id, err))
@@ -782,15 +826,14 @@ func (s *Server) send(ctx context.Context, lane int, batch []*sequence) error {
 				ids = append(ids, int(t))
 			}
 		}
-		if q.fed == 0 && len(q.tokens) > q.promptLen {
+		if e.Pos == 0 && len(q.tokens) > q.promptLen {
 			s.mu.Lock()
 			s.stats.Replayed += int64(len(q.tokens))
 			s.mu.Unlock()
 		}
 		q.inFlight = true
 		m.Seqs = append(m.Seqs, e)
-		fl.seqs = append(fl.seqs, q)
-		fl.entries = append(fl.entries, e)
+		fl.parts = append(fl.parts, p)
 	}
 	if len(m.Seqs) == 0 {
 		return nil
@@ -869,11 +912,11 @@ func (s *Server) handle(ctx context.Context, ev serveEvent) error {
 		return nil // voided by a recovery
 	}
 	last := s.plan.Stages[len(s.plan.Stages)-1].Replicas
-	if fl == nil || !slices.Contains(last, ev.from.String()) || len(fl.entries) != len(m.Seqs) {
+	if fl == nil || !slices.Contains(last, ev.from.String()) || len(fl.parts) != len(m.Seqs) {
 		return fmt.Errorf("pipeline: stage node %s returned batch %d, which is not in flight", ev.from.ShortString(), m.Frame)
 	}
 	for i, e := range m.Seqs {
-		if e != fl.entries[i] {
+		if e != fl.parts[i].e {
 			return fmt.Errorf("pipeline: batch %d came back changed", m.Frame)
 		}
 	}
@@ -882,12 +925,18 @@ func (s *Server) handle(ctx context.Context, ev serveEvent) error {
 	hidden := ev.frame.Data
 	off := 0
 	for i, e := range m.Seqs {
-		q := fl.seqs[i]
+		q := fl.parts[i].q
 		rows := e.lastCall()
 		from := off + e.N - rows
 		off += e.N
-		q.inFlight = false
+		if _, live := s.seqs[q.id]; !live {
+			continue // ended while this part of a replay was out
+		}
 		q.fed = e.Pos + e.N
+		if !fl.parts[i].last {
+			continue // a replay's earlier call: only the cache mattered
+		}
+		q.inFlight = false
 		if q.gone() {
 			s.finish(ctx, q, context.Canceled)
 			continue

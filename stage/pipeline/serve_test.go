@@ -3,7 +3,9 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"encoding/binary"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -162,10 +164,23 @@ func startServer(t *testing.T, s *swarm, cfg ServeConfig) *Server {
 	return srv
 }
 
-// generation records what a sequence emitted and when.
+// generation records what a sequence emitted and when, and a hash of
+// the bits of the logits each token was picked from.
 type generation struct {
 	tokens []int32
 	at     []time.Time
+	logits []uint64
+}
+
+func (g *generation) pick(logits []float32) int32 {
+	h := fnv.New64a()
+	var b [4]byte
+	for _, v := range logits {
+		binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
+		h.Write(b[:])
+	}
+	g.logits = append(g.logits, h.Sum64())
+	return argmax(logits)
 }
 
 func (g *generation) emit(tok int32) bool {
@@ -196,7 +211,7 @@ func generateAll(t *testing.T, srv *Server, prompts [][]int32, n int, onToken fu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = srv.Generate(ctx, p, n, argmax, func(tok int32) bool {
+			errs[i] = srv.Generate(ctx, p, n, gens[i].pick, func(tok int32) bool {
 				gens[i].emit(tok)
 				if onToken != nil {
 					onToken(i, len(gens[i].tokens))
@@ -438,6 +453,44 @@ func TestServeFailoverSpare(t *testing.T) {
 		t.Fatalf("after the kill: %d recoveries, stage 1 on %v (spare %v)", st.Recoveries, st.Plan.Stages[1].Replicas, plan.Spares)
 	}
 	t.Logf("recovery took %v; longest pause between tokens %v; %d tokens replayed", st.LastRecovery, gens[1].maxGap(), st.Replayed)
+}
+
+// TestServeFailoverSubspace: with the subspace codec (lossy, and rebuilt
+// with a GEMM over each frame) the swarm is compared with itself: the
+// same prompts, generated at once, give the same tokens whether or not the
+// middle stage's node is killed mid-way, since the replay re-sends the
+// frames it replaces.
+func TestServeFailoverSubspace(t *testing.T) {
+	cfg := serveModel(true)
+	ck := serveCheckpoint(t, cfg)
+	trained := ck.TrainingConfig()
+	s := newSwarm(t, 4)
+	srv := startServer(t, s, ServeConfig{Spec: serveSpec(trained, "subspace", 3, 1), Weights: ck})
+	prompts := [][]int32{servePrompt(51, 9), servePrompt(52, 4), servePrompt(53, 13)}
+	const n = 40
+	before := generateAll(t, srv, prompts, n, nil)
+	victim := srv.Stats().Plan.Stages[1].Replicas[0]
+	k := newKiller()
+	after := generateAll(t, srv, prompts, n, func(i, got int) {
+		if i == 2 && got == 25 {
+			k.kill(s, victim)
+		}
+	})
+	<-k.done
+	for i := range prompts {
+		checkSame(t, fmt.Sprintf("prompt %d, killed vs uninterrupted", i), after[i].tokens, before[i].tokens)
+		if !slices.Equal(after[i].logits, before[i].logits) {
+			t.Fatalf("prompt %d: the logits after the replay differ in their bits", i)
+		}
+	}
+	if st := srv.Stats(); st.Recoveries != 1 {
+		t.Fatalf("%d recoveries", st.Recoveries)
+	}
+	// And alone: batching does not change a sequence's bits either.
+	alone := generateAll(t, srv, prompts[:1], n, nil)
+	if !slices.Equal(alone[0].logits, before[0].logits) {
+		t.Fatal("the logits of a sequence generated alone differ from those generated with others")
+	}
 }
 
 // TestServeCancel: a caller that goes away mid-generation frees its
