@@ -256,7 +256,14 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 			}
 		},
 	}
-	drv, err = n.Runtime().NewDriver(cfg, n.CoordinatorClient(func(string) []byte { return nil }))
+	// A coordinator elected mid-run takes the job over from our plan.
+	current := func(id string) []byte {
+		if drv == nil {
+			return nil
+		}
+		return drv.SignedPlan(id)
+	}
+	drv, err = n.Runtime().NewDriver(cfg, n.CoordinatorClient(current))
 	if err != nil {
 		return sum, err
 	}

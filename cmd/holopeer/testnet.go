@@ -174,11 +174,19 @@ func runTestnet(cmd *cobra.Command, f testnetFlags) error {
 			if killed != "" || p.Step != f.killStageAt || p.Plan == nil {
 				return
 			}
-			victim := p.Plan.Stages[len(p.Plan.Stages)/2].Replicas[0]
+			// Prefer the stage node that is also the coordinator: its
+			// death exercises both recoveries at once (a new coordinator
+			// takes the job over and re-places the stage).
+			victim, stage := p.Plan.Stages[len(p.Plan.Stages)/2].Replicas[0], len(p.Plan.Stages)/2
+			if c := researcher.Gossip().Coordinator(); c != nil {
+				if i := p.Plan.StageOf(c.PeerID.String()); i >= 0 {
+					victim, stage = c.PeerID.String(), i
+				}
+			}
 			for _, n := range nodes {
 				if n.id == victim {
 					killed = n.name
-					say("\nkilling %s (%s, holding stage %d) after step %d", n.name, n.id, len(p.Plan.Stages)/2, p.Step)
+					say("\nkilling %s (%s, holding stage %d) after step %d", n.name, n.id, stage, p.Step)
 					n.cmd.Process.Kill()
 				}
 			}

@@ -125,7 +125,7 @@ type Privacy struct {
 	// RequireAttestedCoordinator (default true) refuses a coordinator
 	// without verified TEE evidence. nil means unset.
 	RequireAttestedCoordinator *bool `yaml:"require_attested_coordinator"`
-	RefuseRelayedLinks         bool `yaml:"refuse_relayed_links"`
+	RefuseRelayedLinks         bool  `yaml:"refuse_relayed_links"`
 }
 
 // Serve configures `holopeer serve`.

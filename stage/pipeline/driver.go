@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -85,6 +86,11 @@ type Driver struct {
 	linkCh chan *wire.Link
 	planCh chan *job.Plan
 	events chan linkEvent
+
+	// signed is the newest signed plan, for a coordinator elected later to
+	// take the job over (see SignedPlan); mu guards it.
+	mu     sync.Mutex
+	signed []byte
 
 	// Owned by Run's goroutine.
 	plan       *job.Plan
@@ -303,7 +309,22 @@ func (d *Driver) adoptPlan(signed []byte) error {
 		return fmt.Errorf("pipeline: plan for job %s with researcher %s is not ours", p.JobID, short(p.Researcher))
 	}
 	d.setPlan(p)
+	d.mu.Lock()
+	d.signed = signed
+	d.mu.Unlock()
 	return nil
+}
+
+// SignedPlan returns the newest signed plan of job jobID when this driver
+// runs it: a coordinator elected after the job started takes the job over
+// from it (coord.Client.Current).
+func (d *Driver) SignedPlan(jobID string) []byte {
+	if jobID != d.cfg.Spec.JobID {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.signed
 }
 
 func (d *Driver) setPlan(p *job.Plan) {
@@ -857,6 +878,9 @@ func (d *Driver) recover(ctx context.Context, lost string) error {
 	if err := d.rt.check(ctx, p); err != nil {
 		return err
 	}
+	d.mu.Lock()
+	d.signed = signed
+	d.mu.Unlock()
 	for id, l := range d.links {
 		d.retire(l)
 		delete(d.links, id)
