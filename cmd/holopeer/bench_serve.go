@@ -172,8 +172,9 @@ func benchServe(ctx context.Context, o benchOptions, emit func(benchRow)) error 
 	}
 	slices.Sort(gaps)
 	row4 := row("serve_failover_pause_ms", gaps[len(gaps)-1], "ms", gaps[len(gaps)/2])
-	row4.Note = fmt.Sprintf("the middle stage's node killed after %d of %d tokens; a spare loads its blocks and the prefix is replayed; baseline: the median pause between tokens (%d recovery, %d tokens replayed)",
-		newTokens/2, newTokens, srv.Stats().Recoveries, srv.Stats().Replayed)
+	st := srv.Stats()
+	row4.Note = fmt.Sprintf("the middle stage's node killed after %d of %d tokens; a spare loads its blocks (re-plan to ready: %v) and the prefix is replayed; baseline: the median pause between tokens (%d recovery, %d tokens replayed)",
+		newTokens/2, newTokens, st.LastRecovery.Round(time.Millisecond), st.Recoveries, st.Replayed)
 	emit(row4)
 	return nil
 }
