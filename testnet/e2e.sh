@@ -28,7 +28,10 @@
 #
 #   --keep   leave the testnet up at the end (down.sh removes it)
 # Logs, status snapshots and every container's output go to
-# testnet/.cache/e2e/ (kept after teardown).
+# testnet/.cache/e2e/ (kept after teardown). E2E_KILL=stage or
+# E2E_KILL=coordinator makes the job step kill only that one (default: both),
+# to tell a failed recovery from a failed handover; E2E_*_TIMEOUT stretch the
+# waits (see the script).
 set -euo pipefail
 # shellcheck source=docker/lib.sh
 . "$(dirname "$0")/docker/lib.sh"
@@ -236,23 +239,35 @@ else
 fi
 
 # ------------------------------------------------ 6 failover (job or not)
-# kill_coordinator_and_stage: crash the coordinator (unless it is the
-# researcher's machine, which owns the job) and one stage node that is not
-# the coordinator, preferring one the job's output names. Sets `killed`.
+# kill_coordinator_and_stage [REPLICAS]: crash the coordinator (unless it is
+# the researcher's machine, which owns the job) and one stage node that is
+# not the coordinator: one holding a stage of the job when REPLICAS (peer
+# ids, comma-separated) names any, a compute node that is not a bootstrap
+# where possible. Sets `killed` and `killed_placed` (1 if the stage node held
+# part of the job).
 killed=()
+killed_placed=0
+KILL=${E2E_KILL:-both} # both | coordinator | stage: what the job step kills (to tell failures apart)
 kill_coordinator_and_stage() {
-	local stage="" n id
+	local stage="" n id name candidates=()
 	read -r coord_name coord_id coord_term _ <<<"$(coord_now)"
-	if [ "$coord_name" != - ] && [ "$coord_name" != researcher ] && tn_cid "$coord_name" >/dev/null 2>&1; then
+	if [ "$KILL" != stage ] && [ "$coord_name" != - ] && [ "$coord_name" != researcher ] && tn_cid "$coord_name" >/dev/null 2>&1; then
 		"$TN_ROOT/testnet/chaos.sh" kill "$coord_name"
 		killed+=("$coord_name")
 	fi
-	for n in stage-c-1 stage-b-1 stage-a-1 pub-1 pub-2 $(tn_node_names); do
-		case $n in boot-* | researcher | "$coord_name") continue ;; esac
-		id=$(awk -v n="$n" '$1 == n { print $2 }' "$TN_RUN/peers")
-		if [ -n "$id" ] && [ -f "$LOG/run.log" ] && grep -q "$id" "$LOG/run.log"; then stage=$n; break; fi
+	[ "$KILL" != coordinator ] || return 0
+	for id in ${1//,/ }; do
+		name=$(awk -v id="$id" '$2 == id { print $1; exit }' "$TN_RUN/peers")
+		case $name in "" | researcher | "$coord_name") continue ;; esac
+		candidates+=("$name")
 	done
-	[ -n "$stage" ] || stage=$(tn_node_names | grep -Ev "^(boot-.*|researcher|${coord_name})$" | head -n1)
+	for n in "${candidates[@]}"; do case $n in boot-*) ;; *) stage=$n; break ;; esac; done
+	[ -n "$stage" ] || stage=${candidates[0]:-}
+	if [ -n "$stage" ]; then
+		killed_placed=1
+	else
+		stage=$(tn_node_names | grep -Ev "^(boot-.*|researcher|${coord_name})$" | head -n1)
+	fi
 	"$TN_ROOT/testnet/chaos.sh" kill "$stage"
 	killed+=("$stage")
 }
@@ -342,27 +357,41 @@ else
 		fi
 	}
 	last_step() { fetch_steps; python3 "$TN_DIR/tn.py" steps "$LOG/steps.log" --steps "$job_steps" 2>/dev/null | sed -n 's/.*steps [0-9]*\.\.\([0-9]*\).*/\1/p'; }
+	# job_now PORT: "STEP STEPS STATE RECOVERIES REPLICAS" of the job from a
+	# node's GET /v1/jobs in the researcher's container (bash's /dev/tcp:
+	# the image has no curl), or "- - - - -".
+	job_name=$(sed -n 's/^name: *\([^ #]*\).*/\1/p' "$TN_DIR/e2e-job.yaml" | head -n1)
+	job_now() {
+		docker exec "$rid" bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'GET /v1/jobs HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3 && cat <&3" 2>/dev/null |
+			sed '1,/^\r*$/d' | python3 "$TN_DIR/tn.py" job "$job_name" 2>/dev/null || echo "- - - - -"
+	}
+	api_port=7601 # the researcher's own node hears the job's progress by gossip
+	tn_has run api && api_port=7611
 
 	say "job: holopeer run ${run_args[*]} /data/e2e-job.yaml"
 	docker exec "$rid" /holopeer run "${run_args[@]}" /data/e2e-job.yaml >"$LOG/run.log" 2>&1 &
 	run_pid=$!
 
-	# Mid-run: once a quarter of the steps are done, kill the coordinator and
-	# one stage.
+	# Mid-run: once a tenth of the steps are done, kill the coordinator and
+	# a node holding one of the job's stages.
 	deadline=$((SECONDS + JOB_TIMEOUT))
-	mid=$((job_steps / 4))
+	mid=$((job_steps / 10))
 	[ "$mid" -ge 1 ] || mid=1
-	reached=0 s=""
+	reached=0 s="" replicas="-"
 	while kill -0 $run_pid 2>/dev/null && [ $SECONDS -lt $deadline ]; do
-		s=$(last_step || true)
+		read -r s _ _ _ replicas <<<"$(job_now "$api_port")"
+		[ "$s" != - ] || s=$(last_step || true)
 		if [ -n "$s" ] && [ "$s" -ge "$mid" ]; then reached=1; break; fi
-		sleep 2
+		sleep 1
 	done
-	new_coord="n/a"
+	new_coord="n/a" midrun=0
 	if [ $reached = 1 ]; then
-		kill_coordinator_and_stage
-		say "job: at step $s killed ${killed[*]}"
-		if [ $election = 1 ]; then
+		kill_coordinator_and_stage "${replicas#-}"
+		# The kills count only if the run was still going when they landed.
+		read -r s_after _ state_after _ _ <<<"$(job_now "$api_port")"
+		if kill -0 $run_pid 2>/dev/null && [ "$state_after" != "done" ]; then midrun=1; fi
+		say "job: at step $s killed ${killed[*]} (the run $([ $midrun = 1 ] && echo "was still going, step ${s_after}" || echo "had already finished"))"
+		if [ $election = 1 ] && [ "$KILL" != stage ]; then
 			wait_new_coordinator || true
 			snapshot new-coordinator
 		fi
@@ -378,17 +407,22 @@ else
 	fi
 	fetch_steps
 	steps_line=$(python3 "$TN_DIR/tn.py" steps "$LOG/steps.log" --steps "$job_steps") && steps_ok=1 || steps_ok=0
+	recoveries=$(sed -n 's/.*recovered from \([0-9]*\) lost stage.*/\1/p' "$LOG/run.log" | tail -n1)
+	[ -n "$recoveries" ] || read -r _ _ _ recoveries _ <<<"$(job_now 7601)"
+	[ "$recoveries" != - ] || recoveries=0
 	back=1
 	[ ${#killed[@]} -eq 0 ] || restart_killed || true
 
 	why=()
 	[ $reached = 1 ] || why+=("never reached step $mid")
+	[ $reached = 0 ] || [ $midrun = 1 ] || why+=("the job had finished before the kills landed (make e2e-job.yaml longer)")
 	[ $run_rc = 0 ] || why+=("holopeer run exited $run_rc (see $LOG/run.log)")
 	[ "$new_coord" != "" ] || why+=("no new coordinator after killing ${killed[*]}")
 	[ $steps_ok = 1 ] || why+=("$steps_line")
+	[ $killed_placed = 0 ] || [ "$recoveries" -ge 1 ] || why+=("a stage node of the job was killed but the run reports no recovery")
 	[ $back = 1 ] || why+=("the killed nodes did not rejoin")
 	if [ ${#why[@]} -eq 0 ]; then
-		result job PASS "$job_steps steps in $((SECONDS - t0)) s; killed ${killed[*]} mid-run; new coordinator $new_coord; $steps_line"
+		result job PASS "$job_steps steps in $((SECONDS - t0)) s; killed ${killed[*]} at step $s$([ $killed_placed = 1 ] && echo " (${killed[-1]} held a stage)"); recoveries $recoveries; new coordinator $new_coord; $steps_line"
 	else
 		result job FAIL "$(IFS=';'; echo "${why[*]}")"
 	fi

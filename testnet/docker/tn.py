@@ -10,6 +10,10 @@ bash (the host may have no jq). Standard library only.
       bootstrap by default) sees it, every node's links as a matrix, and the
       facts e2e.sh checks; --json prints those facts as JSON.
 
+  tn.py job NAME < jobs.json
+      One line about job NAME from a node's GET /v1/jobs: "STEP STEPS STATE
+      RECOVERIES REPLICAS" (replica peer ids comma-separated), or "- - - - -".
+
   tn.py steps FILE --steps N
       Checks a training step log. An apply/rollback log (JSON lines with
       "event": "apply" | "rollback", as `holopeer run` writes to steps.jsonl)
@@ -317,6 +321,23 @@ def check_replay(entries, steps):
     return 0 if err is None else 1
 
 
+def cmd_job(args):
+    """One line about job NAME from a node's GET /v1/jobs on stdin:
+    "STEP STEPS STATE RECOVERIES REPLICA,REPLICA,..." ("- - - - -" if absent)."""
+    try:
+        jobs = json.load(sys.stdin) or []
+    except ValueError:
+        jobs = []
+    jobs = [j for j in jobs if isinstance(j, dict) and j.get("name") == args.name and j.get("kind", "train") == "train"]
+    if not jobs:
+        print("- - - - -")
+        return 0
+    j = max(jobs, key=lambda j: j.get("updated") or "")
+    replicas = [r for st in j.get("stages") or [] for r in st.get("replicas") or []]
+    print("%d %d %s %d %s" % (j.get("step") or 0, j.get("steps") or 0, j.get("state") or "?", j.get("recoveries") or 0, ",".join(replicas) or "-"))
+    return 0
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     ap = argparse.ArgumentParser(prog="tn.py")
@@ -330,6 +351,9 @@ def main():
     t.add_argument("file")
     t.add_argument("--steps", type=int, required=True)
     t.set_defaults(fn=cmd_steps)
+    j = sub.add_parser("job")
+    j.add_argument("name")
+    j.set_defaults(fn=cmd_job)
     args = ap.parse_args()
     sys.exit(args.fn(args))
 
