@@ -13,6 +13,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -142,8 +143,11 @@ type cuDriver struct {
 	fns  map[string]cu.Function
 }
 
-// setup loads the kernels and creates the cuBLAS handle.
+// setup loads the kernels and creates the cuBLAS handle, on one OS thread
+// with the context current.
 func (d *cuDriver) setup() (err error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := d.bind(); err != nil {
 		return fmt.Errorf("cuCtxSetCurrent: %w", err)
 	}
@@ -243,7 +247,9 @@ func (d *cuDriver) sync() error {
 }
 
 func (d *cuDriver) close() error {
-	var errs []error
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	errs := []error{d.bind()}
 	if d.blas != nil {
 		errs = append(errs, d.blas.Close())
 	}
