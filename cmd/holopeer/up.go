@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,6 +33,7 @@ type upFlags struct {
 	allowSim  bool
 	teePolicy string
 	dashboard bool
+	device    string
 
 	dataDir   string
 	swarm     string
@@ -71,6 +73,7 @@ func (f *upFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.reachability, "reachability", "auto", "auto (decide from what peers observe), public or private")
 	fl.StringVar(&f.tee, "tee", "none", "how this node attests to stand as coordinator: auto, snp, tdx, sim (INSECURE, testnets) or none (votes and computes, never stands)")
 	fl.BoolVar(&f.allowSim, "allow-sim", false, "accept sim (INSECURE) attestation: for testnets only; every status line then says INSECURE")
+	fl.StringVar(&f.device, "device", "auto", "compute backend for stages: auto, cpu, cuda or metal (a GPU that cannot open falls back to cpu, saying why)")
 	fl.BoolVar(&f.dashboard, "dashboard", false, "serve the web dashboard on the --api address (fleet, coordinator, loss curves, leaderboard)")
 	fl.StringVar(&f.teePolicy, "tee-policy", "", "JSON file with the TEE policy (allowed measurements, minimum TCB) a coordinator's evidence must meet")
 	f.flags = fl
@@ -148,14 +151,26 @@ func (f *upFlags) config() (node.Config, error) {
 	} else {
 		mem = totalMemory() / 2
 	}
+	be, msg, err := openDevice(f.device)
+	if err != nil {
+		return node.Config{}, fmt.Errorf("--device: %w", err)
+	}
+	log.Info(msg)
+	// The measured throughput goes into the capability record: the
+	// placement planner splits layers by it.
+	gf, err := measureGFLOPS(context.Background(), be, gemmSize(be, true), 300*time.Millisecond)
+	if err != nil {
+		return node.Config{}, fmt.Errorf("measure %s: %w", be.Name(), err)
+	}
 	return node.Config{
+		Backend:   be,
 		DataDir:   f.dataDir,
 		Swarm:     f.swarm,
 		Listen:    listen,
 		Bootstrap: boot,
 		API:       apiAddr,
 		Logger:    log,
-		Offer:     hpeer.Offer{MemoryBytes: mem, Hours: f.hours},
+		Offer:     hpeer.Offer{MemoryBytes: mem, Hours: f.hours, Backend: be.Name(), GFLOPS: gf},
 		PeerOpts:  natOpts,
 		TEE:       f.tee,
 		AllowSim:  f.allowSim,
