@@ -102,10 +102,23 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, g generation, id st
 			return
 		}
 	}
-	select {
-	case s.slots <- struct{}{}:
-	case <-ctx.Done():
-		return
+	var quiet <-chan time.Time
+	if g.stream {
+		t := time.NewTicker(s.cfg.StreamKeepAlive)
+		defer t.Stop()
+		quiet = t.C
+	}
+	for waiting := true; waiting; {
+		select {
+		case s.slots <- struct{}{}:
+			waiting = false
+		case <-quiet:
+			if stream.comment() != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
 	}
 	defer func() { <-s.slots }()
 
@@ -138,6 +151,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, g generation, id st
 		case err = <-genDone:
 			waiting = false
 		case <-out.wake:
+		case <-quiet:
+			if stream.idle(s.cfg.StreamKeepAlive) {
+				_ = stream.comment()
+			}
 		}
 		if g.stream {
 			for _, p := range out.take() {
@@ -242,8 +259,9 @@ func (s *Server) logDone(g generation, id string, start, first time.Time, produc
 
 // sse writes server-sent events.
 type sse struct {
-	w http.ResponseWriter
-	f http.Flusher
+	w    http.ResponseWriter
+	f    http.Flusher
+	last time.Time // of the last write
 }
 
 func newSSE(w http.ResponseWriter) (*sse, error) {
@@ -258,7 +276,21 @@ func newSSE(w http.ResponseWriter) (*sse, error) {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	f.Flush()
-	return &sse{w: w, f: f}, nil
+	return &sse{w: w, f: f, last: time.Now()}, nil
+}
+
+// idle says nothing was written for at least d.
+func (e *sse) idle(d time.Duration) bool { return time.Since(e.last) >= d }
+
+// comment writes an SSE comment line, which clients ignore: it keeps a
+// silent stream open.
+func (e *sse) comment() error {
+	if _, err := fmt.Fprint(e.w, ": keep-alive\n\n"); err != nil {
+		return err
+	}
+	e.f.Flush()
+	e.last = time.Now()
+	return nil
 }
 
 func (e *sse) send(v any) error {
@@ -270,6 +302,7 @@ func (e *sse) send(v any) error {
 		return err
 	}
 	e.f.Flush()
+	e.last = time.Now()
 	return nil
 }
 

@@ -89,7 +89,12 @@ type Config struct {
 	MaxBatch, MaxQueue int
 	// MaxBodyBytes bounds a request body (default 1 MiB).
 	MaxBodyBytes int64
-	Logger       *slog.Logger
+	// StreamKeepAlive is how long a stream may stay silent (waiting in
+	// the queue, or while the swarm replaces a lost stage) before it
+	// carries an SSE comment line, so that proxies and clients keep it
+	// open (default 15 s).
+	StreamKeepAlive time.Duration
+	Logger          *slog.Logger
 	// Now is the clock for "created" fields (default time.Now).
 	Now func() time.Time
 }
@@ -132,6 +137,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.StreamKeepAlive <= 0 {
+		cfg.StreamKeepAlive = 15 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/tokenizer"
@@ -185,8 +186,8 @@ func readStream(t *testing.T, r io.Reader) []completionResp {
 	done := false
 	for sc.Scan() {
 		line := sc.Text()
-		if line == "" {
-			continue
+		if line == "" || strings.HasPrefix(line, ":") {
+			continue // blank, or a comment (keep-alive)
 		}
 		data, ok := strings.CutPrefix(line, "data: ")
 		if !ok {
@@ -503,6 +504,32 @@ func TestQueueFull(t *testing.T) {
 		if c != 200 {
 			t.Fatalf("held request %d: %d", i, c)
 		}
+	}
+}
+
+// TestStreamKeepAlive: a stream that waits (here, for a held
+// generation) carries comment lines, and then its events as usual.
+func TestStreamKeepAlive(t *testing.T) {
+	gate := make(chan struct{})
+	f := newFixture(t, func(c *Config) { c.StreamKeepAlive = 5 * time.Millisecond })
+	f.engine.gate = gate
+	resp, err := http.Post(f.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"k","max_tokens":5,"temperature":0,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != ": keep-alive\n" {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	close(gate)
+	var text string
+	for _, e := range readStream(t, br) {
+		text += e.Choices[0].Text
+	}
+	if want := f.direct(t, "k", 5, Sampling{}, true); text != want {
+		t.Fatalf("%q after the wait, want %q", text, want)
 	}
 }
 
