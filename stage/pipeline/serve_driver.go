@@ -96,7 +96,8 @@ type Server struct {
 	links    map[peer.ID]*wire.Link
 	linkSeq  map[*wire.Link]*uint64
 	ready    map[peer.ID]bool
-	seqs     map[uint64]*sequence
+	seqs     map[uint64]*sequence // live: at most MaxBatch
+	backlog  []*sequence          // admitted, waiting for a live slot
 	inflight map[uint64]*flight
 	frames   uint64
 	stale    uint64 // batches up to this one were voided by a recovery
@@ -686,12 +687,27 @@ func (s *Server) recover(ctx, runCtx context.Context, lost string, p *job.Plan) 
 	return nil
 }
 
-// admit takes a new sequence.
+// admit takes a new sequence; beyond MaxBatch live ones (what the
+// stages keep caches for) it waits in the backlog, in order.
 func (s *Server) admit(q *sequence) {
-	s.nextID++
-	q.id = s.nextID
-	q.lane = int(q.id % uint64(s.lanes))
-	s.seqs[q.id] = q
+	s.backlog = append(s.backlog, q)
+	s.promote()
+}
+
+// promote makes backlogged sequences live while there is room.
+func (s *Server) promote() {
+	for len(s.backlog) > 0 && len(s.seqs) < s.cfg.Spec.MaxBatch {
+		q := s.backlog[0]
+		s.backlog = s.backlog[1:]
+		if q.gone() {
+			q.done <- context.Canceled
+			continue
+		}
+		s.nextID++
+		q.id = s.nextID
+		q.lane = int(q.id % uint64(s.lanes))
+		s.seqs[q.id] = q
+	}
 }
 
 // reap ends sequences whose callers have gone and that have no batch in
@@ -702,12 +718,20 @@ func (s *Server) reap(ctx context.Context) {
 			s.finish(ctx, q, context.Canceled)
 		}
 	}
+	s.backlog = slices.DeleteFunc(s.backlog, func(q *sequence) bool {
+		if q.gone() {
+			q.done <- context.Canceled
+			return true
+		}
+		return false
+	})
 }
 
 // finish ends a sequence and frees its caches on its lane's stages.
 func (s *Server) finish(ctx context.Context, q *sequence, err error) {
 	delete(s.seqs, q.id)
 	q.done <- err
+	defer s.promote()
 	if q.fed == 0 {
 		return
 	}
@@ -1076,7 +1100,10 @@ func (s *Server) shutdown(ctx context.Context, err error) {
 	for _, q := range s.seqs {
 		q.done <- err
 	}
-	s.seqs = nil
+	for _, q := range s.backlog {
+		q.done <- err
+	}
+	s.seqs, s.backlog = nil, nil
 	fctx, fcancel := context.WithTimeout(context.Background(), 2*time.Second)
 	s.finalWork(fctx)
 	fcancel()

@@ -2,8 +2,8 @@ package pipeline
 
 import (
 	"context"
-	"fmt"
 	"encoding/binary"
+	"fmt"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
@@ -495,6 +495,29 @@ func TestServeFailoverSubspace(t *testing.T) {
 	alone := generateAll(t, srv, prompts[:1], n, nil)
 	if !slices.Equal(alone[0].logits, before[0].logits) {
 		t.Fatal("the logits of a sequence generated alone differ from those generated with others")
+	}
+}
+
+// TestServeBacklog: more sequences at once than the job's MaxBatch wait
+// their turn at the researcher; the stages never hold more caches than
+// the job allows, and every sequence completes.
+func TestServeBacklog(t *testing.T) {
+	cfg := serveModel(false)
+	ck := serveCheckpoint(t, cfg)
+	s := newSwarm(t, 3)
+	spec := serveSpec(cfg, "fp32", 3, 1)
+	spec.MaxBatch = 2
+	srv := startServer(t, s, ServeConfig{Spec: spec, Weights: ck})
+	var prompts [][]int32
+	for i := range 7 {
+		prompts = append(prompts, servePrompt(uint64(60+i), 4+i))
+	}
+	gens := generateAll(t, srv, prompts, 8, nil)
+	for i, p := range prompts {
+		checkSame(t, fmt.Sprintf("prompt %d", i), gens[i].tokens, localGreedy(t, ck, cfg, p, 8, nil))
+	}
+	if st := srv.Stats(); st.Recoveries != 0 || st.Sequences != 7 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 
