@@ -299,7 +299,7 @@ func TestKeygenRefusesOverwrite(t *testing.T) {
 }
 
 func TestHelpForEveryCommand(t *testing.T) {
-	for _, c := range []string{"up", "status", "keygen", "version", "bench"} {
+	for _, c := range []string{"up", "status", "keygen", "version", "bench", "run", "testnet", "train", "generate", "serve", "ledger", "probe", "device"} {
 		out, err := exec.Command(binPath, c, "--help").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "Usage:") {
 			t.Errorf("%s --help: %v\n%s", c, err, out)

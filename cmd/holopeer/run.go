@@ -192,10 +192,11 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	sum.Coordinator = runCoord{PeerID: c.PeerID.String(), Term: c.Term, TEE: c.TEE, Insecure: c.Insecure}
 
 	var perm *pipeline.Permutation
+	var secret []byte
 	if spec.Model.Subspace.Enabled() {
 		// Subspace stages see token ids: give them pseudonyms under a
 		// secret that stays here.
-		secret, err := loadOrCreateSecret(filepath.Join(o.Out, "pseudonyms.secret"))
+		secret, err = loadOrCreateSecret(filepath.Join(o.Out, "pseudonyms.secret"))
 		if err != nil {
 			return sum, err
 		}
@@ -292,7 +293,7 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	}
 	sum.DenseBytes = float64(2 * 2 * spec.Model.Dim) // bf16 activations forward and gradients backward
 	final := filepath.Join(o.Out, "final")
-	if err := writeFinal(final, store, p, tok, perm); err != nil {
+	if err := writeFinal(final, store, p, tok, perm, secret); err != nil {
 		return sum, fmt.Errorf("final checkpoint: %w", err)
 	}
 	sum.Checkpoint = final
@@ -314,9 +315,13 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 		}
 		say("final model: %s", final)
 	}
-	n.ReportJob(context.Background(), api.JobStatus{JobID: spec.JobID, Name: spec.Name, Kind: "train", State: "done",
+	done := api.JobStatus{JobID: spec.JobID, Name: spec.Name, Kind: "train", State: "done",
 		Researcher: n.Host().ID().String(), Codec: spec.Codec, Step: spec.Steps, Steps: spec.Steps, TokensPerS: sum.TokensPerS,
-		BytesPerToken: sum.BytesPerToken, Recoveries: sum.Recoveries})
+		BytesPerToken: sum.BytesPerToken, Recoveries: sum.Recoveries, BytesSent: map[string]int64{spec.Codec: sum.WireBytes}}
+	for _, s := range p.Stages {
+		done.Stages = append(done.Stages, api.JobStage{Index: s.Index, First: s.First, Last: s.Last, Replicas: s.Replicas})
+	}
+	n.ReportJob(context.Background(), done)
 	return sum, nil
 }
 
@@ -341,7 +346,7 @@ func jobStatus(spec job.Spec, p pipeline.Progress, pts []api.Point, researcher s
 // checkpoint directory. A subspace job trained in pseudonym space: its
 // embedding and head rows are put back in real token order in the dense
 // export (the factors keep pseudonym order, with the secret beside them).
-func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenizer.Tokenizer, perm *pipeline.Permutation) error {
+func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenizer.Tokenizer, perm *pipeline.Permutation, secret []byte) error {
 	stages, opts, err := pipeline.AssembleStages(store, p)
 	if err != nil {
 		return err
@@ -358,7 +363,15 @@ func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenize
 	if perm != nil {
 		unpermuteRows(snap.Dense, perm)
 	}
-	return checkpoint.Save(dir, snap, checkpoint.WithTokenizer(tok))
+	if err := checkpoint.Save(dir, snap, checkpoint.WithTokenizer(tok)); err != nil {
+		return err
+	}
+	if secret != nil {
+		// The factors stay in pseudonym order: serving them through the
+		// swarm again needs the same secret, so it lives with them.
+		return os.WriteFile(filepath.Join(dir, "pseudonyms.secret"), secret, 0o600)
+	}
+	return nil
 }
 
 // unpermuteRows reorders the vocabulary rows of the embedding and head so

@@ -40,6 +40,8 @@ type testnetFlags struct {
 	steps       int
 	killStageAt int
 	logLevel    string
+	serve       bool
+	http        string
 }
 
 func newTestnetCmd() *cobra.Command {
@@ -55,7 +57,11 @@ model on a synthetic corpus, subspace codec) across them. It prints the loss
 falling and the bytes saved, ends with a summary, and stops the swarm.
 
 --kill-stage-at STEP kills one stage node's process at that step to show the
-run recovering on the spare; --json prints only the summary as JSON.`,
+run recovering on the spare; --json prints only the summary as JSON.
+--serve then places the trained model on the swarm again, forward only, and
+answers OpenAI-style requests on --http until interrupted, e.g.
+  curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
+    -d '{"prompt": "the ", "max_tokens": 24, "temperature": 0, "stream": true}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTestnet(cmd, f) },
 	}
@@ -70,6 +76,8 @@ run recovering on the spare; --json prints only the summary as JSON.`,
 	fl.IntVar(&f.steps, "steps", 0, "override train.steps")
 	fl.IntVar(&f.killStageAt, "kill-stage-at", 0, "kill one stage node's process after this step (0: never)")
 	fl.StringVar(&f.logLevel, "log-level", "warn", "log level of the researcher's node (debug, info, warn, error)")
+	fl.BoolVar(&f.serve, "serve", false, "after training, serve the trained model from the swarm behind the OpenAI-compatible API on --http until interrupted")
+	fl.StringVar(&f.http, "http", "127.0.0.1:8000", "address of the API with --serve")
 	return cmd
 }
 
@@ -206,6 +214,14 @@ func runTestnet(cmd *cobra.Command, f testnetFlags) error {
 		for _, e := range lb {
 			say("  %s  %8.2f points  %6.1f compute-s  %s tokens", e.PeerID, e.Points, e.ComputeS, si(float64(e.Tokens)))
 		}
+	}
+	if f.serve {
+		say("\nserving the trained model from the swarm ...")
+		return serveTrained(ctx, researcher, m, sum.Checkpoint, serveOptions{HTTP: f.http, Stdout: out, Logger: researcher.Logger(),
+			Ready: func(base string) {
+				say("OpenAI-compatible API on %s (Ctrl-C stops it); try:", base)
+				say(`  curl -N %s/v1/completions -H 'Content-Type: application/json' -d '{"prompt": "the ", "max_tokens": 24, "temperature": 0, "stream": true}'`, base)
+			}})
 	}
 	if f.keep {
 		say("swarm running; try: holopeer status --api %s   (Ctrl-C stops it)", nodes[0].api)

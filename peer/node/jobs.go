@@ -60,8 +60,17 @@ func (b *jobBook) merge(st *api.JobStatus) {
 	if len(points) > maxLossPoint {
 		points = thin(points)
 	}
+	keep := *cur
 	*cur = *st
 	cur.Loss = points
+	// A report that leaves a field out does not erase what earlier ones
+	// said.
+	if len(cur.BytesSent) == 0 {
+		cur.BytesSent = keep.BytesSent
+	}
+	if len(cur.Stages) == 0 {
+		cur.Stages = keep.Stages
+	}
 }
 
 // thin halves a long curve, keeping the newest point.

@@ -181,7 +181,7 @@ func (m *Manifest) Validate() error {
 	v.check(o.LR > 0 && o.LR <= 10, "train.optimizer.lr", "%g: use a value in (0, 10]", o.LR)
 	v.check(o.MinLR >= 0 && o.MinLR <= o.LR, "train.optimizer.min_lr", "%g must lie in [0, lr %g]", o.MinLR, o.LR)
 	v.check(o.WarmupSteps >= 0 && o.WarmupSteps <= t.Steps, "train.optimizer.warmup_steps", "%d must lie in [0, train.steps %d]", o.WarmupSteps, t.Steps)
-	v.check(o.WeightDecay >= 0 && o.WeightDecay < 10, "train.optimizer.weight_decay", "%g: use a value in [0, 10)", o.WeightDecay)
+	v.check(o.WeightDecay >= 0 && o.WeightDecay < 1, "train.optimizer.weight_decay", "%g: use a value in [0, 1)", o.WeightDecay)
 	v.check(o.Beta1 >= 0 && o.Beta1 < 1, "train.optimizer.beta1", "%g: use a value in [0, 1)", o.Beta1)
 	v.check(o.Beta2 >= 0 && o.Beta2 < 1, "train.optimizer.beta2", "%g: use a value in [0, 1)", o.Beta2)
 	v.check(o.Eps > 0 && o.Eps < 1, "train.optimizer.eps", "%g: use a small positive number such as 1e-8", o.Eps)
