@@ -1,16 +1,14 @@
 package peer
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	lpeer "github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-msgio"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 )
@@ -29,7 +27,7 @@ func (n *Host) serveCapability(s network.Stream) {
 	_ = s.Scope().SetService("holopeer.capability")
 	_ = s.SetDeadline(time.Now().Add(streamTimeout))
 	_, sealed := n.Capability()
-	if err := writeFrame(s, sealed); err != nil {
+	if err := msgio.NewVarintWriter(s).WriteMsg(sealed); err != nil {
 		s.Reset()
 		return
 	}
@@ -45,7 +43,7 @@ func (n *Host) FetchCapability(ctx context.Context, p lpeer.ID) (Capability, []b
 		return Capability{}, nil, fmt.Errorf("capability of %s: %w", p, err)
 	}
 	_ = s.SetDeadline(time.Now().Add(streamTimeout))
-	b, err := readFrame(s, MaxCapabilityBytes)
+	b, err := msgio.NewVarintReaderSize(s, MaxCapabilityBytes).ReadMsg()
 	if err != nil {
 		s.Reset()
 		return Capability{}, nil, fmt.Errorf("capability of %s: %w", p, err)
@@ -180,35 +178,6 @@ func (n *Host) pruneMembers(keep time.Duration) {
 			delete(n.members, id)
 		}
 	}
-}
-
-// writeFrame writes a uvarint length then b.
-func writeFrame(w io.Writer, b []byte) error {
-	var hdr [binary.MaxVarintLen64]byte
-	k := binary.PutUvarint(hdr[:], uint64(len(b)))
-	if _, err := w.Write(hdr[:k]); err != nil {
-		return err
-	}
-	_, err := w.Write(b)
-	return err
-}
-
-// readFrame reads one uvarint-length-prefixed frame, refusing lengths over
-// max before allocating.
-func readFrame(r io.Reader, max int) ([]byte, error) {
-	br := bufio.NewReaderSize(r, 16)
-	l, err := binary.ReadUvarint(br)
-	if err != nil {
-		return nil, fmt.Errorf("read length: %w", err)
-	}
-	if l > uint64(max) {
-		return nil, fmt.Errorf("frame of %d bytes exceeds limit %d", l, max)
-	}
-	b := make([]byte, l)
-	if _, err := io.ReadFull(br, b); err != nil {
-		return nil, fmt.Errorf("read frame: %w", err)
-	}
-	return b, nil
 }
 
 func isPublicAddr(a ma.Multiaddr) bool { return manet.IsPublicAddr(a) }

@@ -1,13 +1,10 @@
 package coord
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"sync"
@@ -18,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-msgio"
 
 	"github.com/holopeer/holopeer/stage/job"
 )
@@ -172,7 +170,7 @@ func (s *Service) Jobs() []*job.Plan {
 func (s *Service) serve(st network.Stream) {
 	_ = st.Scope().SetService("holopeer.coordinator")
 	_ = st.SetDeadline(time.Now().Add(2 * time.Minute))
-	b, err := readMsg(st)
+	b, err := msgio.NewVarintReaderSize(st, maxMessage).ReadMsg()
 	if err != nil {
 		st.Reset()
 		return
@@ -195,7 +193,7 @@ func (s *Service) serve(st network.Stream) {
 
 func writeReply(st network.Stream, r Reply) {
 	b, _ := json.Marshal(r)
-	if err := writeMsg(st, b); err != nil {
+	if err := msgio.NewVarintWriter(st).WriteMsg(b); err != nil {
 		st.Reset()
 		return
 	}
@@ -343,11 +341,11 @@ func (s *Service) assign(ctx context.Context, to string, signed []byte) error {
 	}
 	defer st.Close()
 	_ = st.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := writeMsg(st, signed); err != nil {
+	if err := msgio.NewVarintWriter(st).WriteMsg(signed); err != nil {
 		st.Reset()
 		return err
 	}
-	b, err := readMsg(st)
+	b, err := msgio.NewVarintReaderSize(st, maxMessage).ReadMsg()
 	if err != nil {
 		st.Reset()
 		return err
@@ -572,11 +570,11 @@ func (c *Client) call(ctx context.Context, req Request) ([]byte, error) {
 	defer st.Close()
 	_ = st.SetDeadline(time.Now().Add(2 * time.Minute))
 	b, _ := json.Marshal(req)
-	if err := writeMsg(st, b); err != nil {
+	if err := msgio.NewVarintWriter(st).WriteMsg(b); err != nil {
 		st.Reset()
 		return nil, err
 	}
-	rb, err := readMsg(st)
+	rb, err := msgio.NewVarintReaderSize(st, maxMessage).ReadMsg()
 	if err != nil {
 		st.Reset()
 		return nil, err
@@ -615,28 +613,4 @@ func (c *Client) Work(ctx context.Context, jobID string, from, to uint64, work [
 func (c *Client) Release(ctx context.Context, jobID string) error {
 	_, err := c.call(ctx, Request{Op: "release", JobID: jobID})
 	return err
-}
-
-func writeMsg(w io.Writer, b []byte) error {
-	var hdr [binary.MaxVarintLen64]byte
-	k := binary.PutUvarint(hdr[:], uint64(len(b)))
-	if _, err := w.Write(hdr[:k]); err != nil {
-		return err
-	}
-	_, err := w.Write(b)
-	return err
-}
-
-func readMsg(r io.Reader) ([]byte, error) {
-	br := bufio.NewReaderSize(r, 16)
-	l, err := binary.ReadUvarint(br)
-	if err != nil {
-		return nil, err
-	}
-	if l > maxMessage {
-		return nil, fmt.Errorf("message of %d bytes exceeds %d", l, maxMessage)
-	}
-	b := make([]byte, l)
-	_, err = io.ReadFull(br, b)
-	return b, err
 }

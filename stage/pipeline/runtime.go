@@ -14,6 +14,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-msgio"
 
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/tensor"
@@ -180,7 +181,7 @@ func (rt *Runtime) dispatch() {
 func (rt *Runtime) serveAssign(s network.Stream) {
 	_ = s.Scope().SetService("holopeer.assign")
 	_ = s.SetDeadline(time.Now().Add(30 * time.Second))
-	b, err := readFrame(s, job.MaxPlanBytes)
+	b, err := msgio.NewVarintReaderSize(s, job.MaxPlanBytes).ReadMsg()
 	if err != nil {
 		s.Reset()
 		return
@@ -191,7 +192,7 @@ func (rt *Runtime) serveAssign(s network.Stream) {
 		rt.log.Warn("refused a plan", "from", s.Conn().RemotePeer().ShortString(), "err", err)
 	}
 	rb, _ := json.Marshal(reply)
-	if err := writeFrame(s, rb); err != nil {
+	if err := msgio.NewVarintWriter(s).WriteMsg(rb); err != nil {
 		s.Reset()
 		return
 	}
