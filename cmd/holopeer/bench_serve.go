@@ -12,17 +12,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/peer"
-
-	"github.com/holopeer/holopeer/gossip/coord"
 	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/model/train"
 	"github.com/holopeer/holopeer/stage/pipeline"
+	"github.com/holopeer/holopeer/stage/pipeline/pipelinetest"
 	"github.com/holopeer/holopeer/stage/serve"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
@@ -62,7 +57,7 @@ func benchServe(ctx context.Context, o benchOptions, emit func(benchRow)) error 
 		return err
 	}
 
-	sw, err := newLoopSwarm(4) // three stages and a spare
+	sw, err := pipelinetest.New(4, benchSwarmOptions()) // three stages and a spare
 	if err != nil {
 		return err
 	}
@@ -71,7 +66,7 @@ func benchServe(ctx context.Context, o benchOptions, emit func(benchRow)) error 
 		JobID: job.NewJobID("bench-serve"), Name: "bench-serve", Kind: job.KindServe, Model: cfg, FromCheckpoint: true,
 		Codec: "int8", Stages: 3, Replicas: 1, MaxBatch: 16, MaxTokens: cfg.MaxSeq,
 	}
-	srv, err := sw.runtimes[0].NewServer(pipeline.ServeConfig{Spec: spec, Weights: ck, Logger: quietLogger()}, sw.client())
+	srv, err := sw.Researcher().NewServer(pipeline.ServeConfig{Spec: spec, Weights: ck, Logger: quietLogger()}, sw.Client())
 	if err != nil {
 		return err
 	}
@@ -158,7 +153,7 @@ func benchServe(ctx context.Context, o benchOptions, emit func(benchRow)) error 
 	err = srv.Generate(ctx, prompt(), newTokens, serve.NewSampler(serve.Sampling{}).Pick, func(int32) bool {
 		at = append(at, time.Now())
 		if len(at) == newTokens/2 {
-			killed.Do(func() { go func() { sw.kill(victim); close(done) }() })
+			killed.Do(func() { go func() { _ = sw.Kill(victim); close(done) }() })
 		}
 		return false
 	})
@@ -239,144 +234,8 @@ func benchCheckpoint(dir string, cfg model.Config) (*checkpoint.Checkpoint, erro
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// loopSwarm is a swarm in one process on loopback: a researcher (hosts
-// 0), a coordinator (1) and stage nodes (2…), real libp2p hosts with
-// their stage runtimes; the coordinator's term is fixed.
-type loopSwarm struct {
-	hosts    []host.Host
-	runtimes []*pipeline.Runtime // nil for the coordinator
-	coord    *coord.Service
-
-	mu   sync.Mutex
-	dead map[peer.ID]bool
-	work []job.WorkItem // what the researcher reported, for receipts
-}
-
-func newLoopSwarm(stageNodes int) (_ *loopSwarm, err error) {
-	s := &loopSwarm{dead: map[peer.ID]bool{}}
-	defer func() {
-		if err != nil {
-			s.Close()
-		}
-	}()
-	var coordKey crypto.PrivKey
-	for i := 0; i < stageNodes+2; i++ {
-		key, _, err := crypto.GenerateEd25519Key(nil)
-		if err != nil {
-			return nil, err
-		}
-		if i == 1 {
-			coordKey = key
-		}
-		h, err := libp2p.New(libp2p.Identity(key), libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableMetrics())
-		if err != nil {
-			return nil, err
-		}
-		s.hosts = append(s.hosts, h)
-	}
-	for _, a := range s.hosts {
-		for _, b := range s.hosts {
-			if a != b {
-				a.Peerstore().AddAddrs(b.ID(), b.Addrs(), time.Hour)
-			}
-		}
-	}
-	coordID := s.hosts[1].ID().String()
-	check := func(_ context.Context, p *job.Plan) error {
-		if p.Coordinator != coordID {
-			return fmt.Errorf("plan signed by %s, not the coordinator", p.Coordinator)
-		}
-		return nil
-	}
-	log := quietLogger()
-	for i, h := range s.hosts {
-		if i == 1 {
-			s.runtimes = append(s.runtimes, nil)
-			continue
-		}
-		rt, err := pipeline.NewRuntime(pipeline.RuntimeConfig{Host: h, Check: check, Memory: 4 << 30, Logger: log})
-		if err != nil {
-			return nil, err
-		}
-		s.runtimes = append(s.runtimes, rt)
-	}
-	s.coord, err = coord.New(coord.Config{
-		Host: s.hosts[1], Key: coordKey, Logger: log,
-		Term: func() (uint64, bool) { return 1, true },
-		Offers: func() []coord.Offer {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			var out []coord.Offer
-			for _, h := range s.hosts[2:] {
-				if !s.dead[h.ID()] {
-					out = append(out, coord.Offer{PeerID: h.ID().String(), GFLOPS: 10, MemoryBytes: 4 << 30})
-				}
-			}
-			return out
-		},
-		Alive: func(p peer.ID) bool {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			return !s.dead[p]
-		},
-		HealthInterval: time.Second, Grace: time.Hour,
-		OnWork: func(_ uint64, _ string, _, _ uint64, work []job.WorkItem) {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.work = append(s.work, work...)
-		},
-	})
-	return s, err
-}
-
-// reported sums the work the coordinator was told of, by peer.
-func (s *loopSwarm) reported() map[string]job.WorkItem {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[string]job.WorkItem{}
-	for _, w := range s.work {
-		t := out[w.Peer]
-		t.Peer, t.ComputeS, t.Tokens = w.Peer, t.ComputeS+w.ComputeS, t.Tokens+w.Tokens
-		out[w.Peer] = t
-	}
-	return out
-}
-
-// client is the researcher's handle on the coordinator.
-func (s *loopSwarm) client() *coord.Client {
-	return &coord.Client{Host: s.hosts[0], Coordinator: func(context.Context) (peer.ID, error) { return s.hosts[1].ID(), nil }}
-}
-
-// kill stops a stage node the hard way: its runtime and host go away.
-func (s *loopSwarm) kill(id string) {
-	for i, h := range s.hosts {
-		if h.ID().String() != id || i < 2 {
-			continue
-		}
-		s.mu.Lock()
-		already := s.dead[h.ID()]
-		s.dead[h.ID()] = true
-		s.mu.Unlock()
-		if !already {
-			s.runtimes[i].Close()
-			h.Close()
-		}
-	}
-}
-
-func (s *loopSwarm) Close() {
-	if s.coord != nil {
-		s.coord.Close()
-	}
-	for i, rt := range s.runtimes {
-		s.mu.Lock()
-		dead := s.dead[s.hosts[i].ID()]
-		s.mu.Unlock()
-		if rt != nil && !dead {
-			rt.Close()
-		}
-	}
-	for _, h := range s.hosts {
-		h.Close()
-	}
+// benchSwarmOptions is the loopback swarm serving runs on: quiet, and the
+// coordinator checks its nodes once a second.
+func benchSwarmOptions() pipelinetest.Options {
+	return pipelinetest.Options{Logger: quietLogger(), HealthInterval: time.Second}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/holopeer/holopeer/stage/manifest"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/pipeline"
+	"github.com/holopeer/holopeer/stage/pipeline/pipelinetest"
 	"github.com/holopeer/holopeer/stage/serve"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
@@ -59,7 +60,7 @@ type serving struct {
 	base  string
 	sv    *servePlan
 	srv   *pipeline.Server
-	swarm *loopSwarm
+	swarm *pipelinetest.Loopback
 	stop  func() // ends the API and the job; idempotent
 }
 
@@ -72,12 +73,12 @@ func startServing(t *testing.T, m *manifest.Manifest, stageNodes int) *serving {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sv.ck.Close() })
-	sw, err := newLoopSwarm(stageNodes)
+	sw, err := pipelinetest.New(stageNodes, benchSwarmOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(sw.Close)
-	srv, err := sw.runtimes[0].NewServer(pipeline.ServeConfig{Spec: sv.spec, Weights: sv.weights, Pseudonyms: sv.perm, Logger: quietLogger()}, sw.client())
+	srv, err := sw.Researcher().NewServer(pipeline.ServeConfig{Spec: sv.spec, Weights: sv.weights, Pseudonyms: sv.perm, Logger: quietLogger()}, sw.Client())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ serve: {max_prompt_tokens: 24, max_output_tokens: 24, max_batch: 4, max_queue: 1
 	// Stopping reports each stage node's work to the coordinator, which
 	// signs receipts from it.
 	sg.stop()
-	work := sg.swarm.reported()
+	work := sg.swarm.Reported()
 	for _, st := range sg.srv.Stats().Plan.Stages {
 		w := work[st.Replicas[0]]
 		if w.Tokens == 0 || w.ComputeS <= 0 {

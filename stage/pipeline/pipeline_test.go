@@ -1,126 +1,34 @@
-package pipeline
+package pipeline_test
 
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/peer"
-
-	"github.com/holopeer/holopeer/gossip/coord"
 	"github.com/holopeer/holopeer/stage/data"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/model/train"
 	"github.com/holopeer/holopeer/stage/optim"
+	"github.com/holopeer/holopeer/stage/pipeline"
+	"github.com/holopeer/holopeer/stage/pipeline/pipelinetest"
 )
 
-// swarm is a researcher, a coordinator and stage nodes: real libp2p hosts
-// on loopback sockets.
-type swarm struct {
-	t        *testing.T
-	hosts    []host.Host // 0: researcher, 1: coordinator, 2…: stage nodes
-	runtimes []*Runtime
-	coordSvc *coord.Service
-	coordKey crypto.PrivKey
-	dir      string
-	mu       sync.Mutex
-	dead     map[peer.ID]bool
-}
-
-func newSwarm(t *testing.T, stageNodes int) *swarm {
+// newSwarm starts a researcher, a coordinator and stageNodes stage nodes
+// (real libp2p hosts on loopback sockets), each lending 1 GiB, and stops
+// them when the test ends.
+func newSwarm(t *testing.T, stageNodes int) *pipelinetest.Loopback {
 	t.Helper()
-	s := &swarm{t: t, dir: t.TempDir(), dead: map[peer.ID]bool{}}
-	for i := 0; i < stageNodes+2; i++ {
-		key, _, _ := crypto.GenerateEd25519Key(nil)
-		if i == 1 {
-			s.coordKey = key
-		}
-		h, err := libp2p.New(libp2p.Identity(key), libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableMetrics())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
-		s.hosts = append(s.hosts, h)
-	}
-	for _, a := range s.hosts {
-		for _, b := range s.hosts {
-			if a != b {
-				a.Peerstore().AddAddrs(b.ID(), b.Addrs(), time.Hour)
-			}
-		}
-	}
-	coordID := s.hosts[1].ID().String()
-	check := func(_ context.Context, p *job.Plan) error {
-		if p.Coordinator != coordID {
-			return fmt.Errorf("plan signed by %s, not the coordinator", p.Coordinator)
-		}
-		return nil
-	}
-	for i, h := range s.hosts {
-		if i == 1 {
-			s.runtimes = append(s.runtimes, nil)
-			continue
-		}
-		rt, err := NewRuntime(RuntimeConfig{Host: h, Check: check, DataDir: filepath.Join(s.dir, fmt.Sprint(i)), Memory: 1 << 30})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { rt.Close() })
-		s.runtimes = append(s.runtimes, rt)
-	}
-	svc, err := coord.New(coord.Config{
-		Host: s.hosts[1], Key: s.coordKey,
-		Term:   func() (uint64, bool) { return 1, true },
-		Offers: s.offers,
-		Alive: func(p peer.ID) bool {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			return !s.dead[p]
-		},
-		HealthInterval: 200 * time.Millisecond, Grace: time.Hour,
-	})
+	s, err := pipelinetest.New(stageNodes, pipelinetest.Options{Dir: t.TempDir(), Memory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { svc.Close() })
-	s.coordSvc = svc
+	t.Cleanup(s.Close)
 	return s
-}
-
-func (s *swarm) offers() []coord.Offer {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []coord.Offer
-	for _, h := range s.hosts[2:] {
-		if s.dead[h.ID()] {
-			continue
-		}
-		out = append(out, coord.Offer{PeerID: h.ID().String(), GFLOPS: 10, MemoryBytes: 1 << 30})
-	}
-	return out
-}
-
-// kill stops a stage node the hard way: its runtime and host go away.
-func (s *swarm) kill(i int) {
-	s.mu.Lock()
-	s.dead[s.hosts[i].ID()] = true
-	s.mu.Unlock()
-	s.runtimes[i].Close()
-	s.hosts[i].Close()
-}
-
-func (s *swarm) client() *coord.Client {
-	return &coord.Client{Host: s.hosts[0], Coordinator: func(context.Context) (peer.ID, error) { return s.hosts[1].ID(), nil }}
 }
 
 func testSpec(stages, replicas int, codecName string) job.Spec {
@@ -173,12 +81,12 @@ func localLosses(t *testing.T, spec job.Spec) []float64 {
 	return out
 }
 
-func runDriver(t *testing.T, s *swarm, spec job.Spec, cfg DriverConfig, during func(p Progress)) []float64 {
+func runDriver(t *testing.T, s *pipelinetest.Loopback, spec job.Spec, cfg pipeline.DriverConfig, during func(p pipeline.Progress)) []float64 {
 	t.Helper()
 	var losses []float64
 	cfg.Spec = spec
 	cfg.NewSource = synthetic(11)
-	cfg.Progress = func(p Progress) {
+	cfg.Progress = func(p pipeline.Progress) {
 		for len(losses) >= p.Step { // a rollback re-runs steps
 			losses = losses[:len(losses)-1]
 		}
@@ -187,7 +95,7 @@ func runDriver(t *testing.T, s *swarm, spec job.Spec, cfg DriverConfig, during f
 			during(p)
 		}
 	}
-	d, err := s.runtimes[0].NewDriver(cfg, s.client())
+	d, err := s.Researcher().NewDriver(cfg, s.Client())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +113,7 @@ func TestPipelineMatchesLocal(t *testing.T) {
 	spec := testSpec(4, 1, "fp32")
 	want := localLosses(t, spec)
 	s := newSwarm(t, 4)
-	got := runDriver(t, s, spec, DriverConfig{}, nil)
+	got := runDriver(t, s, spec, pipeline.DriverConfig{}, nil)
 	if len(got) != len(want) {
 		t.Fatalf("%d steps, want %d", len(got), len(want))
 	}
@@ -223,7 +131,7 @@ func TestPipelineReplicas(t *testing.T) {
 	spec := testSpec(2, 2, "fp32")
 	want := localLosses(t, spec)
 	s := newSwarm(t, 4)
-	got := runDriver(t, s, spec, DriverConfig{}, nil)
+	got := runDriver(t, s, spec, pipeline.DriverConfig{}, nil)
 	for i := range want {
 		if rel := math.Abs(got[i]-want[i]) / want[i]; rel > 1e-4 {
 			t.Fatalf("step %d: pipeline loss %.7f, local %.7f", i+1, got[i], want[i])
@@ -236,9 +144,9 @@ func TestPipelineSubspace(t *testing.T) {
 	spec := testSpec(3, 1, "subspace")
 	spec.Steps, spec.Schedule.Total = 10, 10
 	s := newSwarm(t, 3)
-	perm, _ := NewPermutation(spec.Model.Vocab, NewSecret())
+	perm, _ := pipeline.NewPermutation(spec.Model.Vocab, pipeline.NewSecret())
 	var maxResid float64
-	got := runDriver(t, s, spec, DriverConfig{Pseudonyms: perm}, func(p Progress) { maxResid = max(maxResid, p.Residual) })
+	got := runDriver(t, s, spec, pipeline.DriverConfig{Pseudonyms: perm}, func(p pipeline.Progress) { maxResid = max(maxResid, p.Residual) })
 	if got[len(got)-1] >= got[0] {
 		t.Fatalf("loss did not fall: %v", got)
 	}
@@ -255,16 +163,14 @@ func TestPipelineSurvivesStageLoss(t *testing.T) {
 	spec := testSpec(3, 1, "fp32")
 	want := localLosses(t, spec)
 	s := newSwarm(t, 4) // three stages and a spare
-	steplog := filepath.Join(s.dir, "researcher-steps.jsonl")
+	dir := t.TempDir()
+	steplog := filepath.Join(dir, "researcher-steps.jsonl")
 	killed := false
-	got := runDriver(t, s, spec, DriverConfig{StepLog: steplog, Checkpoints: &DiskStore{Dir: filepath.Join(s.dir, "ckpt")}}, func(p Progress) {
+	got := runDriver(t, s, spec, pipeline.DriverConfig{StepLog: steplog, Checkpoints: &pipeline.DiskStore{Dir: filepath.Join(dir, "ckpt")}}, func(p pipeline.Progress) {
 		if p.Step == 3 && !killed {
 			killed = true
-			victim := p.Plan.Stages[1].Replicas[0]
-			for i, h := range s.hosts {
-				if h.ID().String() == victim {
-					s.kill(i)
-				}
+			if err := s.Kill(p.Plan.Stages[1].Replicas[0]); err != nil {
+				t.Error(err)
 			}
 		}
 	})
@@ -280,11 +186,11 @@ func TestPipelineSurvivesStageLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events, err := ReadStepLog(bytes.NewReader(b))
+	events, err := pipeline.ReadStepLog(bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
-	committed, err := CheckExactlyOnce(events)
+	committed, err := pipeline.CheckExactlyOnce(events)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, b)
 	}

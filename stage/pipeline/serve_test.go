@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/pipeline"
+	"github.com/holopeer/holopeer/stage/pipeline/pipelinetest"
 )
 
 // serveModel is the model the serving tests generate with: six blocks,
@@ -84,7 +86,7 @@ func argmax(logits []float32) int32 {
 // localGreedy is single-process generation: the whole model in one
 // stage, the prompt in one call, then one token at a time. With perm,
 // the model lives in pseudonym space, as a model trained under it does.
-func localGreedy(t *testing.T, ck *checkpoint.Checkpoint, cfg model.Config, prompt []int32, n int, perm *Permutation) []int32 {
+func localGreedy(t *testing.T, ck *checkpoint.Checkpoint, cfg model.Config, prompt []int32, n int, perm *pipeline.Permutation) []int32 {
 	t.Helper()
 	st, err := ck.LoadStage(cfg, model.Whole(cfg))
 	if err != nil {
@@ -145,9 +147,9 @@ func serveSpec(cfg model.Config, codecName string, stages, replicas int) job.Spe
 	}
 }
 
-func startServer(t *testing.T, s *swarm, cfg ServeConfig) *Server {
+func startServer(t *testing.T, s *pipelinetest.Loopback, cfg pipeline.ServeConfig) *pipeline.Server {
 	t.Helper()
-	srv, err := s.runtimes[0].NewServer(cfg, s.client())
+	srv, err := s.Researcher().NewServer(cfg, s.Client())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func (g *generation) maxGap() time.Duration {
 }
 
 // generateAll runs the prompts at once and returns each one's output.
-func generateAll(t *testing.T, srv *Server, prompts [][]int32, n int, onToken func(i, k int)) []*generation {
+func generateAll(t *testing.T, srv *pipeline.Server, prompts [][]int32, n int, onToken func(i, k int)) []*generation {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -243,7 +245,7 @@ func TestServeMatchesLocal(t *testing.T) {
 	cfg := serveModel(false)
 	ck := serveCheckpoint(t, cfg)
 	s := newSwarm(t, 3)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
 	prompts := [][]int32{servePrompt(1, 9), servePrompt(2, 1), servePrompt(3, 23)}
 	const n = 40
 	gens := generateAll(t, srv, prompts, n, nil)
@@ -263,7 +265,7 @@ func TestServeConcurrent(t *testing.T) {
 	cfg := serveModel(false)
 	ck := serveCheckpoint(t, cfg)
 	s := newSwarm(t, 3)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
 	var prompts [][]int32
 	for i := range 10 {
 		prompts = append(prompts, servePrompt(uint64(10+i), 3+i))
@@ -283,7 +285,7 @@ func TestServeConcurrent(t *testing.T) {
 // nearGreedy checks that every token of got is the greedy choice of the
 // model in one process, fed got itself (teacher forcing), up to tol of
 // the best logit. With perm the model lives in pseudonym space.
-func nearGreedy(t *testing.T, st *model.Stage, prompt, got []int32, perm *Permutation, tol float32) {
+func nearGreedy(t *testing.T, st *model.Stage, prompt, got []int32, perm *pipeline.Permutation, tol float32) {
 	t.Helper()
 	v := st.Config().Vocab
 	feed, order := func(ids []int32) []int32 { return ids }, make([]int32, v)
@@ -329,12 +331,12 @@ func TestServeSubspacePseudonyms(t *testing.T) {
 	if !trained.Subspace.Enabled() {
 		t.Fatal("the checkpoint lost its factors")
 	}
-	perm, err := NewPermutation(cfg.Vocab, []byte("a secret of sixteen bytes or more"))
+	perm, err := pipeline.NewPermutation(cfg.Vocab, []byte("a secret of sixteen bytes or more"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := newSwarm(t, 3)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(trained, "subspace", 3, 1), Weights: ck, Pseudonyms: perm})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(trained, "subspace", 3, 1), Weights: ck, Pseudonyms: perm})
 	prompt := servePrompt(5, 11)
 	const n = 24
 	gens := generateAll(t, srv, [][]int32{prompt}, n, nil)
@@ -359,7 +361,7 @@ func TestServeInt8(t *testing.T) {
 	cfg := serveModel(false)
 	ck := serveCheckpoint(t, cfg)
 	s := newSwarm(t, 3)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(cfg, "int8", 3, 1), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(cfg, "int8", 3, 1), Weights: ck})
 	prompts := [][]int32{servePrompt(8, 10), servePrompt(9, 3), servePrompt(10, 17), servePrompt(11, 6)}
 	const n = 24
 	together := generateAll(t, srv, prompts, n, nil)
@@ -383,15 +385,11 @@ type killer struct {
 
 func newKiller() *killer { return &killer{done: make(chan struct{})} }
 
-func (k *killer) kill(s *swarm, victim string) {
+func (k *killer) kill(s *pipelinetest.Loopback, victim string) {
 	k.once.Do(func() {
 		go func() {
 			defer close(k.done)
-			for i, h := range s.hosts {
-				if h.ID().String() == victim {
-					s.kill(i)
-				}
-			}
+			_ = s.Kill(victim)
 		}()
 	})
 }
@@ -404,7 +402,7 @@ func TestServeFailoverReplica(t *testing.T) {
 	cfg := serveModel(false)
 	ck := serveCheckpoint(t, cfg)
 	s := newSwarm(t, 6)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 2), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 2), Weights: ck})
 	plan := srv.Stats().Plan
 	prompts := [][]int32{servePrompt(21, 12), servePrompt(22, 5)}
 	const n = 60
@@ -435,7 +433,7 @@ func TestServeFailoverSpare(t *testing.T) {
 	cfg := serveModel(false)
 	ck := serveCheckpoint(t, cfg)
 	s := newSwarm(t, 4)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
 	plan := srv.Stats().Plan
 	if len(plan.Spares) != 1 {
 		t.Fatalf("spares %v", plan.Spares)
@@ -470,7 +468,7 @@ func TestServeFailoverSubspace(t *testing.T) {
 	ck := serveCheckpoint(t, cfg)
 	trained := ck.TrainingConfig()
 	s := newSwarm(t, 4)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(trained, "subspace", 3, 1), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(trained, "subspace", 3, 1), Weights: ck})
 	prompts := [][]int32{servePrompt(51, 9), servePrompt(52, 4), servePrompt(53, 13)}
 	const n = 40
 	before := generateAll(t, srv, prompts, n, nil)
@@ -507,7 +505,7 @@ func TestServeBacklog(t *testing.T) {
 	s := newSwarm(t, 3)
 	spec := serveSpec(cfg, "fp32", 3, 1)
 	spec.MaxBatch = 2
-	srv := startServer(t, s, ServeConfig{Spec: spec, Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: spec, Weights: ck})
 	var prompts [][]int32
 	for i := range 7 {
 		prompts = append(prompts, servePrompt(uint64(60+i), 4+i))
@@ -527,7 +525,7 @@ func TestServeCancel(t *testing.T) {
 	cfg := serveModel(false)
 	ck := serveCheckpoint(t, cfg)
 	s := newSwarm(t, 3)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
 	ctx, cancel := context.WithCancel(context.Background())
 	var got int
 	err := srv.Generate(ctx, servePrompt(40, 5), 80, argmax, func(int32) bool {
@@ -551,7 +549,7 @@ func TestServeRefusesBadInput(t *testing.T) {
 	cfg := serveModel(false)
 	ck := serveCheckpoint(t, cfg)
 	s := newSwarm(t, 3)
-	srv := startServer(t, s, ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: serveSpec(cfg, "fp32", 3, 1), Weights: ck})
 	ctx := context.Background()
 	emit := func(int32) bool { return false }
 	for name, tc := range map[string]struct {

@@ -43,6 +43,9 @@ type Options struct {
 	Memory uint64        // bytes each stage node lends (default 4 GiB)
 	Logger *slog.Logger  // default: discard
 	Grace  time.Duration // a silent node is re-planned after this (default: never)
+	// HealthInterval is how often the coordinator checks on a job's
+	// nodes (default 200 ms).
+	HealthInterval time.Duration
 }
 
 // New starts a researcher, a coordinator and stageNodes stage nodes.
@@ -55,6 +58,9 @@ func New(stageNodes int, o Options) (_ *Loopback, err error) {
 	}
 	if o.Grace == 0 {
 		o.Grace = time.Hour
+	}
+	if o.HealthInterval == 0 {
+		o.HealthInterval = 200 * time.Millisecond
 	}
 	s := &Loopback{dead: map[peer.ID]bool{}}
 	defer func() {
@@ -125,7 +131,7 @@ func New(stageNodes int, o Options) (_ *Loopback, err error) {
 			defer s.mu.Unlock()
 			return !s.dead[p]
 		},
-		HealthInterval: 200 * time.Millisecond, Grace: o.Grace,
+		HealthInterval: o.HealthInterval, Grace: o.Grace,
 		OnWork: func(_ uint64, _ string, _, _ uint64, work []job.WorkItem) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
