@@ -10,6 +10,7 @@ import (
 
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/model/train"
+	"github.com/holopeer/holopeer/stage/serve"
 	"github.com/holopeer/holopeer/stage/tensor/cpu"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
@@ -84,13 +85,13 @@ func measureDecode(ctx context.Context, cfg model.Config, promptLen, newTokens i
 	full, err = timeRuns(ctx, minTime, newTokens, func() error {
 		seq := slices.Clone(prompt)
 		var ids []int
-		s := newSampler(g)
+		s := serve.NewSampler(g.sampling)
 		for range newTokens {
 			out, err := m.Forward(0, model.Input{Batch: 1, Seq: len(seq), Tokens: seq, NoGrad: true})
 			if err != nil {
 				return err
 			}
-			next := s.pick(out.Logits[(len(seq)-1)*cfg.Vocab:])
+			next := int(s.Pick(out.Logits[(len(seq)-1)*cfg.Vocab:]))
 			ids = append(ids, next)
 			seq = append(seq, int32(next))
 		}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/serve"
 	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
@@ -149,11 +149,11 @@ func runGenerate(stdout io.Writer, f generateFlags, seeded bool) error {
 	}
 	defer st.Close()
 
-	g := genConfig{maxTokens: f.maxTokens, temperature: f.temperature, topP: f.topP, seed: f.seed}
+	g := genConfig{maxTokens: f.maxTokens, sampling: serve.Sampling{Temperature: f.temperature, TopP: f.topP, Seed: f.seed}}
 	if !seeded {
 		var b [8]byte
 		crand.Read(b[:])
-		g.seed = binary.LittleEndian.Uint64(b[:])
+		g.sampling.Seed = binary.LittleEndian.Uint64(b[:])
 	}
 	g.eos = ck.HF.EOS()
 	if tok != nil && tok.EOS() >= 0 && !slices.Contains(g.eos, tok.EOS()) {
@@ -235,11 +235,9 @@ func parseTokenList(s string, vocab int) ([]int32, error) {
 
 // genConfig is how generate picks tokens.
 type genConfig struct {
-	maxTokens   int
-	temperature float64 // 0: greedy
-	topP        float64 // 1: no nucleus cut
-	seed        uint64
-	eos         []int
+	maxTokens int
+	sampling  serve.Sampling // the zero value is greedy
+	eos       []int
 }
 
 // generate continues prompt on a whole-model stage with a KV cache: one
@@ -250,7 +248,7 @@ func generate(st *model.Stage, prompt []int32, g genConfig, onToken func([]int))
 	cfg := st.Config()
 	cache := st.NewCache()
 	defer cache.Free()
-	s := newSampler(g)
+	s := serve.NewSampler(g.sampling)
 	out, err := st.Infer(cache, model.Input{Batch: 1, Seq: len(prompt), Tokens: prompt})
 	if err != nil {
 		return nil, err
@@ -259,7 +257,7 @@ func generate(st *model.Stage, prompt []int32, g genConfig, onToken func([]int))
 	logits := out.Logits[(len(prompt)-1)*v:]
 	var ids []int
 	for {
-		next := s.pick(logits)
+		next := int(s.Pick(logits))
 		ids = append(ids, next)
 		if onToken != nil {
 			onToken(ids)
@@ -273,69 +271,4 @@ func generate(st *model.Stage, prompt []int32, g genConfig, onToken func([]int))
 		}
 		logits = out.Logits
 	}
-}
-
-// sampler picks the next token from logits.
-type sampler struct {
-	g     genConfig
-	rng   *rand.Rand
-	probs []float64
-	order []int
-}
-
-func newSampler(g genConfig) *sampler {
-	return &sampler{g: g, rng: rand.New(rand.NewPCG(g.seed, 0x6e6572617465))}
-}
-
-func (s *sampler) pick(logits []float32) int {
-	if s.g.temperature == 0 {
-		best := 0
-		for i, l := range logits {
-			if l > logits[best] {
-				best = i
-			}
-		}
-		return best
-	}
-	mx := float64(slices.Max(logits))
-	s.probs = s.probs[:0]
-	var total float64
-	for _, l := range logits {
-		p := math.Exp((float64(l) - mx) / s.g.temperature)
-		s.probs = append(s.probs, p)
-		total += p
-	}
-	// The nucleus: most likely first (ties by id), up to topP of the mass.
-	s.order = s.order[:0]
-	for i := range s.probs {
-		s.order = append(s.order, i)
-	}
-	if s.g.topP < 1 {
-		slices.SortStableFunc(s.order, func(a, b int) int {
-			switch {
-			case s.probs[a] > s.probs[b]:
-				return -1
-			case s.probs[a] < s.probs[b]:
-				return 1
-			}
-			return 0
-		})
-		var mass float64
-		for k, i := range s.order {
-			mass += s.probs[i]
-			if mass >= s.g.topP*total {
-				s.order = s.order[:k+1]
-				break
-			}
-		}
-		total = mass
-	}
-	u := s.rng.Float64() * total
-	for _, i := range s.order {
-		u -= s.probs[i]
-		if u < 0 {
-			return i
-		}
-	}
-	return s.order[len(s.order)-1]
 }
