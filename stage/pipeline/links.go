@@ -155,27 +155,32 @@ func readLink(ctx context.Context, l *wire.Link, out chan<- linkEvent, blobLimit
 		}
 		ev := linkEvent{from: from, link: l, frame: f}
 		if f.Kind == wire.KindControl {
-			c, err := decodeCtl(f.Control)
-			if err != nil {
+			if ev.ctl, ev.blob, err = readCtl(ctx, l, f, blobLimit); err != nil {
 				l.Close()
 				send(linkEvent{from: from, link: l, err: err})
 				return
 			}
-			if c.Op == opBlob {
-				b, err := recvBlob(ctx, l, c, blobLimit)
-				if err != nil {
-					l.Close()
-					send(linkEvent{from: from, link: l, err: err})
-					return
-				}
-				ev.blob = b
-			}
-			ev.ctl = &c
 		}
 		if !send(ev) {
 			return
 		}
 	}
+}
+
+// readCtl decodes control frame f and, for a blob, receives the blob that
+// follows it on l (at most blobLimit bytes).
+func readCtl(ctx context.Context, l *wire.Link, f wire.Frame, blobLimit int64) (*Ctl, []byte, error) {
+	c, err := decodeCtl(f.Control)
+	if err != nil {
+		return nil, nil, err
+	}
+	var blob []byte
+	if c.Op == opBlob {
+		if blob, err = recvBlob(ctx, l, c, blobLimit); err != nil {
+			return nil, nil, err
+		}
+	}
+	return &c, blob, nil
 }
 
 // errLinkLost marks a neighbour link that ended.

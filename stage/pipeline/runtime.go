@@ -160,11 +160,7 @@ func (rt *Runtime) dispatch() {
 		case e == nil:
 			l.Close()
 		case e.worker != nil:
-			select {
-			case e.worker.links <- l:
-			case <-rt.ctx.Done():
-				l.Close()
-			}
+			e.worker.offerLink(rt.ctx, l)
 		case e.driver != nil:
 			e.driver.offerLink(l)
 		case e.sworker != nil:
@@ -235,39 +231,62 @@ func (rt *Runtime) Assign(ctx context.Context, signed []byte, from peer.ID) erro
 		}
 		return fmt.Errorf("%w: the plan gives this node no stage", ErrRefused)
 	}
-	sp := p.Stages[stage]
-	need := p.Spec.LayerBytes(len(p.Stages))*uint64(sp.Last-sp.First) + p.Spec.StageBytes()
-	if rt.memory > 0 && need > rt.memory {
-		return fmt.Errorf("%w: stage %d (blocks %d-%d) needs %d MiB, this node lends %d MiB", ErrRefused, stage, sp.First, sp.Last-1, need>>20, rt.memory>>20)
+	if err := rt.fits(p, stage, "stage"); err != nil {
+		return err
 	}
 	if e != nil && e.worker != nil {
-		if p.Epoch <= e.plan.Epoch {
-			return nil
-		}
-		rt.register(p, e.codec, e)
-		select {
-		case e.worker.plans <- p:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return nil
+		return rt.update(ctx, e, &e.worker.stageNode, p)
 	}
 	w, err := newWorker(rt, p)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrRefused, err)
 	}
-	ne := &entry{worker: w}
-	rt.register(p, w.codec, ne)
+	rt.launch(p, &entry{worker: w}, &w.stageNode, w.run)
+	sp := p.Stages[stage]
+	rt.log.Info("took a stage", "job", p.JobID, "stage", stage, "blocks", fmt.Sprintf("%d-%d", sp.First, sp.Last-1), "term", p.Term, "epoch", p.Epoch)
+	return nil
+}
+
+// fits refuses the stage plan p gives this node when its blocks and the
+// per-stage state need more memory than the node lends; what names the
+// stage in the refusal.
+func (rt *Runtime) fits(p *job.Plan, stage int, what string) error {
+	sp := p.Stages[stage]
+	need := spanBytes(p, stage) + p.Spec.StageBytes()
+	if rt.memory > 0 && need > rt.memory {
+		return fmt.Errorf("%w: %s %d (blocks %d-%d) needs %d MiB, this node lends %d MiB", ErrRefused, what, stage, sp.First, sp.Last-1, need>>20, rt.memory>>20)
+	}
+	return nil
+}
+
+// update hands a newer plan of e's job to its running stage worker n;
+// a plan no newer than the one it runs is ignored.
+func (rt *Runtime) update(ctx context.Context, e *entry, n *stageNode, p *job.Plan) error {
+	if p.Epoch <= e.plan.Epoch {
+		return nil
+	}
+	rt.register(p, e.codec, e)
+	select {
+	case n.plans <- p:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// launch registers ne, which holds the new stage worker n, for plan p and
+// runs the worker's owner loop until its job ends or the runtime closes;
+// then the job is forgotten.
+func (rt *Runtime) launch(p *job.Plan, ne *entry, n *stageNode, run func(context.Context)) {
+	rt.register(p, n.codec, ne)
 	wctx, cancel := context.WithCancel(rt.ctx)
-	w.cancel = cancel
+	n.cancel = cancel
 	rt.wg.Add(1)
 	go func() {
 		defer rt.wg.Done()
-		w.run(wctx)
+		run(wctx)
 		rt.forget(p.JobID, ne)
 	}()
-	rt.log.Info("took a stage", "job", p.JobID, "stage", stage, "blocks", fmt.Sprintf("%d-%d", sp.First, sp.Last-1), "term", p.Term, "epoch", p.Epoch)
-	return nil
 }
 
 // register makes plan p the current plan of e, reachable by job id and by

@@ -74,18 +74,10 @@ func readServeLink(ctx context.Context, l *wire.Link, out chan<- serveEvent, blo
 				}
 			}
 		default:
-			c, err := decodeCtl(f.Control)
-			if err != nil {
+			if ev.ctl, ev.blob, err = readCtl(ctx, l, f, blobLimit); err != nil {
 				fail(err)
 				return
 			}
-			if c.Op == opBlob {
-				if ev.blob, err = recvBlob(ctx, l, c, blobLimit); err != nil {
-					fail(err)
-					return
-				}
-			}
-			ev.ctl = &c
 		}
 		if !send(ev) {
 			return

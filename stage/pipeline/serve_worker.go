@@ -2,18 +2,12 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"time"
-
-	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
-	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/wire"
-	"github.com/holopeer/holopeer/stage/wire/codec"
 )
 
 // serveKeepAlive is how often serving links carry a ping when idle: well
@@ -27,52 +21,31 @@ const serveKeepAlive = time.Minute
 // arrival order, and passes their hidden states on. Its state is owned by
 // the run goroutine.
 type serveWorker struct {
-	// Static after newServeWorker.
-	rt        *Runtime
-	self      string
-	jobID     string
-	log       *slog.Logger
-	be        tensor.Backend
-	keepAlive time.Duration
+	stageNode // the plan, the stage, the links
 
-	links  chan *wire.Link
-	plans  chan *job.Plan
-	events chan serveEvent
-	cancel context.CancelFunc
+	// Static after newServeWorker.
+	keepAlive time.Duration
+	events    chan serveEvent
 
 	// Owned by the run goroutine.
-	plan    *job.Plan
-	codec   codec.Codec
-	stage   int
 	st      *model.Stage // nil until the weights arrive
 	askedOn *wire.Link   // the home link the weights were asked on
 	ready   bool
 	caches  map[uint64]*model.Cache
-	byPeer  map[peer.ID]*wire.Link
 	linkSeq map[*wire.Link]*uint64
 	compute time.Duration
 	tokens  int64
 }
 
 func newServeWorker(rt *Runtime, p *job.Plan) (*serveWorker, error) {
-	self := rt.host.ID().String()
-	stage := p.StageOf(self)
-	if stage < 0 {
-		return nil, fmt.Errorf("pipeline: plan %s gives this node no stage", p.JobID)
-	}
-	c, _, err := newCodec(p.Spec)
+	n, err := newStageNode(rt, p, "role", "serve")
 	if err != nil {
 		return nil, err
 	}
 	return &serveWorker{
-		rt: rt, self: self, jobID: p.JobID, be: rt.backend, keepAlive: serveKeepAlive,
-		log:    rt.log.With("job", p.JobID, "stage", stage, "role", "serve"),
-		links:  make(chan *wire.Link, 16),
-		plans:  make(chan *job.Plan, 4),
-		events: make(chan serveEvent, 64),
-		plan:   p, codec: c, stage: stage,
+		stageNode: n, keepAlive: serveKeepAlive,
+		events:  make(chan serveEvent, 64),
 		caches:  map[uint64]*model.Cache{},
-		byPeer:  map[peer.ID]*wire.Link{},
 		linkSeq: map[*wire.Link]*uint64{},
 	}, nil
 }
@@ -93,22 +66,11 @@ func (rt *Runtime) assignServe(ctx context.Context, p *job.Plan, e *entry) error
 		}
 		return fmt.Errorf("%w: the plan gives this node no stage", ErrRefused)
 	}
-	sp := p.Stages[stage]
-	need := p.Spec.LayerBytes(len(p.Stages))*uint64(sp.Last-sp.First) + p.Spec.StageBytes()
-	if rt.memory > 0 && need > rt.memory {
-		return fmt.Errorf("%w: serving stage %d (blocks %d-%d) needs %d MiB, this node lends %d MiB", ErrRefused, stage, sp.First, sp.Last-1, need>>20, rt.memory>>20)
+	if err := rt.fits(p, stage, "serving stage"); err != nil {
+		return err
 	}
 	if e != nil && e.sworker != nil {
-		if p.Epoch <= e.plan.Epoch {
-			return nil
-		}
-		rt.register(p, e.codec, e)
-		select {
-		case e.sworker.plans <- p:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return nil
+		return rt.update(ctx, e, &e.sworker.stageNode, p)
 	}
 	if e != nil {
 		return fmt.Errorf("%w: job %s runs here in another role", ErrRefused, p.JobID)
@@ -117,32 +79,16 @@ func (rt *Runtime) assignServe(ctx context.Context, p *job.Plan, e *entry) error
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrRefused, err)
 	}
-	ne := &entry{sworker: w}
-	rt.register(p, w.codec, ne)
-	wctx, cancel := context.WithCancel(rt.ctx)
-	w.cancel = cancel
-	rt.wg.Add(1)
-	go func() {
-		defer rt.wg.Done()
-		w.run(wctx)
-		rt.forget(p.JobID, ne)
-	}()
+	rt.launch(p, &entry{sworker: w}, &w.stageNode, w.run)
+	sp := p.Stages[stage]
 	rt.log.Info("took a serving stage", "job", p.JobID, "stage", stage, "blocks", fmt.Sprintf("%d-%d", sp.First, sp.Last-1), "term", p.Term, "epoch", p.Epoch)
 	return nil
-}
-
-func (w *serveWorker) offerLink(ctx context.Context, l *wire.Link) {
-	select {
-	case w.links <- l:
-	case <-ctx.Done():
-		l.Close()
-	}
 }
 
 // run is the worker's owner loop.
 func (w *serveWorker) run(ctx context.Context) {
 	defer w.shutdown()
-	w.connect(ctx)
+	w.connect(ctx, serveConnectAttempts)
 	tick := time.NewTicker(w.keepAlive)
 	defer tick.Stop()
 	for {
@@ -203,71 +149,18 @@ func (w *serveWorker) progress(ctx context.Context) {
 	}
 }
 
-// connect opens the links this node is the opener of, in the background.
-func (w *serveWorker) connect(ctx context.Context) {
-	wj := WireJob(w.plan.JobID, w.plan.Gen)
-	for _, remote := range w.expectedPeers() {
-		if !opener(w.plan, w.self, remote) {
-			continue
-		}
-		id, err := peer.Decode(remote)
-		if err != nil {
-			continue
-		}
-		go func() {
-			var err error
-			for attempt := 0; attempt < 10; attempt++ {
-				var l *wire.Link
-				if l, err = w.rt.svc.OpenLink(ctx, id, wj); err == nil {
-					w.offerLink(ctx, l)
-					return
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(time.Duration(200*(attempt+1)) * time.Millisecond):
-				}
-			}
-			w.log.Warn("cannot open link", "peer", short(remote), "err", err)
-		}()
-	}
-}
-
-func (w *serveWorker) expectedPeers() []string {
-	_, prev, next, _ := w.plan.Neighbours(w.self)
-	seen := map[string]bool{}
-	var out []string
-	for _, group := range [][]string{prev, next, {w.plan.Researcher}} {
-		for _, p := range group {
-			if !seen[p] {
-				seen[p] = true
-				out = append(out, p)
-			}
-		}
-	}
-	return out
-}
-
-func (w *serveWorker) linksComplete() bool {
-	for _, p := range w.expectedPeers() {
-		id, _ := peer.Decode(p)
-		if w.byPeer[id] == nil {
-			return false
-		}
-	}
-	return true
-}
+// serveConnectAttempts is how often a serving stage tries each link it
+// opens.
+const serveConnectAttempts = 10
 
 func (w *serveWorker) adopt(ctx context.Context, l *wire.Link) {
-	if l.Job() != WireJob(w.plan.JobID, w.plan.Gen) {
-		l.Close()
+	old, ok := w.take(l)
+	if !ok {
 		return
 	}
-	if old := w.byPeer[l.RemotePeer()]; old != nil {
-		old.Close()
+	if old != nil {
 		delete(w.linkSeq, old)
 	}
-	w.byPeer[l.RemotePeer()] = l
 	seq := w.plan.StartStep - min(w.plan.StartStep, 1)
 	w.linkSeq[l] = &seq
 	go readServeLink(ctx, l, w.events, w.blobLimit())
@@ -276,21 +169,7 @@ func (w *serveWorker) adopt(ctx context.Context, l *wire.Link) {
 // blobLimit bounds the weights blob: the span's parameters and room for
 // the safetensors header.
 func (w *serveWorker) blobLimit() int64 {
-	sp := w.plan.Stages[w.stage]
-	return int64(w.plan.Spec.LayerBytes(len(w.plan.Stages)))*int64(sp.Last-sp.First) + 16<<20
-}
-
-func (w *serveWorker) home() *wire.Link {
-	id, _ := peer.Decode(w.plan.Researcher)
-	return w.byPeer[id]
-}
-
-func (w *serveWorker) tell(ctx context.Context, c Ctl) {
-	if h := w.home(); h != nil {
-		if err := sendCtl(ctx, h, c); err != nil {
-			w.log.Debug("cannot reach the researcher", "err", err)
-		}
-	}
+	return int64(spanBytes(w.plan, w.stage)) + 16<<20
 }
 
 func (w *serveWorker) linkEnded(ctx context.Context, ev serveEvent) {
@@ -310,21 +189,9 @@ func (w *serveWorker) linkEnded(ctx context.Context, ev serveEvent) {
 // and drops every cache (the researcher replays its sequences), and
 // reloads the weights if this node's blocks changed.
 func (w *serveWorker) replan(ctx context.Context, p *job.Plan) error {
-	if p.Epoch <= w.plan.Epoch {
-		return nil
-	}
-	stage := p.StageOf(w.self)
-	if stage < 0 {
-		return errors.New("pipeline: the new plan drops this node")
-	}
-	old := w.plan
-	w.plan = p
-	if p.Gen == old.Gen {
-		return nil
-	}
-	for id, l := range w.byPeer {
-		l.Close()
-		delete(w.byPeer, id)
+	moved, stage, old, err := w.follow(p)
+	if !moved || err != nil {
+		return err
 	}
 	w.linkSeq = map[*wire.Link]*uint64{}
 	w.dropAll()
@@ -338,7 +205,7 @@ func (w *serveWorker) replan(ctx context.Context, p *job.Plan) error {
 	}
 	w.stage = stage
 	w.log = w.rt.log.With("job", p.JobID, "stage", stage, "role", "serve")
-	w.connect(ctx)
+	w.connect(ctx, serveConnectAttempts)
 	return nil
 }
 
@@ -403,21 +270,7 @@ func (w *serveWorker) serveMsg(ctx context.Context, ev serveEvent) error {
 	}
 	_, _, next, _ := w.plan.Neighbours(w.self)
 	to := next[int(m.Lane)%len(next)]
-	id, _ := peer.Decode(to)
-	l := w.byPeer[id]
-	if l == nil {
-		w.tell(ctx, Ctl{Op: opLost, Peer: to, Err: "no link"})
-		return nil
-	}
-	if err := sendServe(ctx, l, w.linkSeq[l], *m, out, ev.frame.IDs); err != nil {
-		var we *wire.Error
-		if errors.As(err, &we) && !we.Remote && l.Err() == nil {
-			return err // refused before sending: a broken invariant
-		}
-		w.log.Warn("send failed", "peer", id.ShortString(), "err", err)
-		return nil // the link's reader reports the loss
-	}
-	return nil
+	return w.sendTo(ctx, to, func(l *wire.Link) error { return sendServe(ctx, l, w.linkSeq[l], *m, out, ev.frame.IDs) })
 }
 
 // runBatch runs a batch's sequences through the stage, each with its own
@@ -484,10 +337,7 @@ func (w *serveWorker) dropAll() {
 }
 
 func (w *serveWorker) shutdown() {
-	for id, l := range w.byPeer {
-		l.Close()
-		delete(w.byPeer, id)
-	}
+	w.closeLinks()
 	w.dropAll()
 	if w.st != nil {
 		w.st.Close()

@@ -2,45 +2,28 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"time"
-
-	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/optim"
-	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/wire"
-	"github.com/holopeer/holopeer/stage/wire/codec"
 )
 
 // Worker runs one stage of one training job on a stage node. Its state is
 // owned by the run goroutine; other goroutines talk to it through
 // channels (new links, new plans, link events).
 type Worker struct {
-	// Static after newWorker.
-	rt    *Runtime
-	self  string
-	jobID string
-	log   *slog.Logger
-	be    tensor.Backend
+	stageNode // the plan, the stage, the links
 
-	links  chan *wire.Link
-	plans  chan *job.Plan
+	// Static after newWorker.
 	events chan linkEvent
 	done   chan struct{}
-	cancel context.CancelFunc
 
 	// Owned by the run goroutine.
-	plan    *job.Plan
-	codec   codec.Codec
-	stage   int
 	st      *model.Stage
 	opt     *optim.AdamW
-	byPeer  map[peer.ID]*wire.Link
 	applied uint64
 	log2    *stepLog
 	err     error
@@ -50,12 +33,7 @@ type Worker struct {
 }
 
 func newWorker(rt *Runtime, p *job.Plan) (*Worker, error) {
-	self := rt.host.ID().String()
-	stage := p.StageOf(self)
-	if stage < 0 {
-		return nil, fmt.Errorf("pipeline: plan %s gives this node no stage", p.JobID)
-	}
-	c, _, err := newCodec(p.Spec)
+	n, err := newStageNode(rt, p)
 	if err != nil {
 		return nil, err
 	}
@@ -64,15 +42,10 @@ func newWorker(rt *Runtime, p *job.Plan) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{
-		rt: rt, self: self, jobID: p.JobID, be: rt.backend,
-		log:    rt.log.With("job", p.JobID, "stage", stage),
-		links:  make(chan *wire.Link, 16),
-		plans:  make(chan *job.Plan, 4),
-		events: make(chan linkEvent, 64),
-		done:   make(chan struct{}),
-		plan:   p, codec: c, stage: stage,
-		byPeer: map[peer.ID]*wire.Link{},
-		log2:   sl,
+		stageNode: n,
+		events:    make(chan linkEvent, 64),
+		done:      make(chan struct{}),
+		log2:      sl,
 	}
 	if err := w.buildStage(); err != nil {
 		sl.Close()
@@ -106,7 +79,7 @@ func (w *Worker) run(ctx context.Context) {
 	defer close(w.done)
 	defer w.shutdown()
 	w.log.Info("linking", "prev_next_home", w.expectedPeers(), "researcher", short(w.plan.Researcher))
-	w.connect(ctx)
+	w.connect(ctx, connectAttempts)
 	ready := false
 	for {
 		if !ready && w.linksComplete() {
@@ -147,104 +120,19 @@ func (w *Worker) run(ctx context.Context) {
 	}
 }
 
-// connect opens the links this node is the opener of, in the background.
-func (w *Worker) connect(ctx context.Context) {
-	wj := WireJob(w.plan.JobID, w.plan.Gen)
-	for _, remote := range w.expectedPeers() {
-		if !opener(w.plan, w.self, remote) {
-			continue
-		}
-		id, err := peer.Decode(remote)
-		if err != nil {
-			continue
-		}
-		go func() {
-			var l *wire.Link
-			var err error
-			for attempt := 0; attempt < 30; attempt++ {
-				l, err = w.rt.svc.OpenLink(ctx, id, wj)
-				if err == nil {
-					select {
-					case w.links <- l:
-					case <-ctx.Done():
-						l.Close()
-					}
-					return
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				w.log.Debug("open link failed; retrying", "peer", short(remote), "attempt", attempt, "err", err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(time.Duration(min(200*(attempt+1), 2000)) * time.Millisecond):
-				}
-			}
-			w.log.Warn("cannot open link", "peer", short(remote), "err", err)
-		}()
-	}
-}
-
-// expectedPeers lists every peer this stage links with.
-func (w *Worker) expectedPeers() []string {
-	_, prev, next, _ := w.plan.Neighbours(w.self)
-	seen := map[string]bool{}
-	var out []string
-	for _, group := range [][]string{prev, next, {w.plan.Researcher}} {
-		for _, p := range group {
-			if !seen[p] {
-				seen[p] = true
-				out = append(out, p)
-			}
-		}
-	}
-	return out
-}
-
-func (w *Worker) linksComplete() bool {
-	for _, p := range w.expectedPeers() {
-		id, _ := peer.Decode(p)
-		if w.byPeer[id] == nil {
-			return false
-		}
-	}
-	return true
-}
+// connectAttempts is how often a training stage tries each link it opens.
+const connectAttempts = 30
 
 // adopt takes a link (opened or accepted) into the worker.
 func (w *Worker) adopt(ctx context.Context, l *wire.Link) {
-	if l.Job() != WireJob(w.plan.JobID, w.plan.Gen) {
-		l.Close() // a link of an older placement
-		return
+	if _, ok := w.take(l); ok {
+		go readLink(ctx, l, w.events, w.blobLimit())
 	}
-	if old := w.byPeer[l.RemotePeer()]; old != nil {
-		old.Close()
-	}
-	w.byPeer[l.RemotePeer()] = l
-	go readLink(ctx, l, w.events, w.blobLimit())
 }
 
 func (w *Worker) blobLimit() int64 {
 	// A shard holds parameters and two moments; leave room for headers.
-	per := w.plan.Spec.LayerBytes(len(w.plan.Stages))
-	sp := w.plan.Stages[w.stage]
-	return int64(per)*int64(sp.Last-sp.First) + 64<<20
-}
-
-// home is the link to the researcher.
-func (w *Worker) home() *wire.Link {
-	id, _ := peer.Decode(w.plan.Researcher)
-	return w.byPeer[id]
-}
-
-// tell sends a control message to the researcher, if it is reachable.
-func (w *Worker) tell(ctx context.Context, c Ctl) {
-	if h := w.home(); h != nil {
-		if err := sendCtl(ctx, h, c); err != nil {
-			w.log.Debug("cannot reach the researcher", "err", err)
-		}
-	}
+	return int64(spanBytes(w.plan, w.stage)) + 64<<20
 }
 
 // linkEnded handles a link that failed or closed; it returns true when
@@ -268,21 +156,9 @@ func (w *Worker) linkEnded(ctx context.Context, ev linkEvent) bool {
 // replan switches to a newer plan of the same job. A new placement (Gen)
 // closes the old links; the researcher then restores every stage.
 func (w *Worker) replan(ctx context.Context, p *job.Plan) error {
-	if p.Epoch <= w.plan.Epoch {
-		return nil
-	}
-	stage := p.StageOf(w.self)
-	if stage < 0 {
-		return errors.New("pipeline: the new plan drops this node")
-	}
-	old := w.plan
-	w.plan = p
-	if p.Gen == old.Gen {
-		return nil
-	}
-	for id, l := range w.byPeer {
-		l.Close()
-		delete(w.byPeer, id)
+	moved, stage, old, err := w.follow(p)
+	if !moved || err != nil {
+		return err
 	}
 	if stage != w.stage || p.Stages[stage].First != old.Stages[w.stage].First || p.Stages[stage].Last != old.Stages[w.stage].Last {
 		w.stage = stage
@@ -294,7 +170,7 @@ func (w *Worker) replan(ctx context.Context, p *job.Plan) error {
 	for _, mb := range w.st.InFlight() {
 		w.st.Drop(mb)
 	}
-	w.connect(ctx)
+	w.connect(ctx, connectAttempts)
 	return nil
 }
 
@@ -344,20 +220,7 @@ func (w *Worker) backward(ctx context.Context, f wire.Frame) error {
 // send writes a tensor frame to a neighbour. A lost neighbour is reported
 // to the researcher, not fatal: the researcher re-plans.
 func (w *Worker) send(ctx context.Context, to string, f wire.Frame) error {
-	id, _ := peer.Decode(to)
-	l := w.byPeer[id]
-	if l == nil {
-		w.tell(ctx, Ctl{Op: opLost, Peer: to, Err: "no link"})
-		return nil
-	}
-	if err := l.Send(ctx, f); err != nil {
-		var we *wire.Error
-		if errors.As(err, &we) && !we.Remote && l.Err() == nil {
-			return err // refused before sending: our own bug or a broken invariant
-		}
-		w.log.Warn("send failed", "peer", id.ShortString(), "err", err)
-	}
-	return nil
+	return w.sendTo(ctx, to, func(l *wire.Link) error { return l.Send(ctx, f) })
 }
 
 func (w *Worker) control(ctx context.Context, ev linkEvent) (stop bool, err error) {
@@ -447,10 +310,7 @@ func (w *Worker) apply(ctx context.Context, home *wire.Link, c Ctl) error {
 }
 
 func (w *Worker) shutdown() {
-	for id, l := range w.byPeer {
-		l.Close()
-		delete(w.byPeer, id)
-	}
+	w.closeLinks()
 	if w.st != nil {
 		w.st.Close()
 	}
