@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/holopeer/holopeer/stage/tensor"
+	"github.com/holopeer/holopeer/stage/tensor/devmem"
 )
 
 // devPtr is a device address.
@@ -48,16 +49,14 @@ type Backend struct {
 	errWord  devPtr // uint32 of error bits that kernels set
 
 	mu     sync.Mutex // serialises every device call and guards the fields below
-	pool   map[int64][]devPtr
-	cached int64 // bytes in pool
-	live   int64 // bytes handed out
+	pool   devmem.Pool[devPtr]
 	err    error // first device failure; sticky
 	closed bool
 }
 
 // newBackend wraps an opened device.
 func newBackend(drv driver, desc string, totalMem int64) (*Backend, error) {
-	be := &Backend{drv: drv, desc: desc, totalMem: totalMem, pool: map[int64][]devPtr{}}
+	be := &Backend{drv: drv, desc: desc, totalMem: totalMem}
 	unlock := be.lock()
 	defer unlock()
 	var err error

@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/holopeer/holopeer/stage/tensor"
+	"github.com/holopeer/holopeer/stage/tensor/devmem"
+	"github.com/holopeer/holopeer/stage/tensor/opcheck"
 )
 
 // buffer is device memory: a pool block of its own, or a view into one.
@@ -49,23 +51,20 @@ func (be *Backend) buf(op string, x tensor.Buffer, dt tensor.DType) *buffer {
 func (be *Backend) f32(op string, x tensor.Buffer) *buffer { return be.buf(op, x, tensor.Float32) }
 func (be *Backend) i32(op string, x tensor.Buffer) *buffer { return be.buf(op, x, tensor.Int32) }
 
-// Pool blocks are rounded up to this many bytes. Stages allocate the same
-// shapes every microbatch, so blocks of one size come back and are reused
-// without a cuMemAlloc, which synchronises the device.
-const blockAlign = 512
+// blockSize rounds an allocation up to a pool block. Blocks that come back
+// to the pool are reused without a cuMemAlloc, which synchronises the
+// device.
+func blockSize(bytes int64) int64 { return devmem.BlockSize(bytes) }
 
-func blockSize(bytes int64) int64 { return (bytes + blockAlign - 1) / blockAlign * blockAlign }
+// check panics on a call that cannot be right, before anything is queued.
+const check = opcheck.Checker("cuda")
 
-// allocLocked returns a block of size bytes (a multiple of blockAlign),
-// from the pool when one is free. When the device is full it frees the
-// pool and tries once more, then panics: Alloc has no error to return, and
-// a stage that does not fit must not run on garbage.
+// allocLocked returns a block of size bytes (a multiple of
+// devmem.BlockAlign), from the pool when one is free. When the device is
+// full it frees the pool and tries once more, then panics: Alloc has no
+// error to return, and a stage that does not fit must not run on garbage.
 func (be *Backend) allocLocked(size int64) devPtr {
-	if free := be.pool[size]; len(free) > 0 {
-		p := free[len(free)-1]
-		be.pool[size] = free[:len(free)-1]
-		be.cached -= size
-		be.live += size
+	if p, ok := be.pool.Take(size); ok {
 		return p
 	}
 	p, err := be.drv.alloc(size)
@@ -74,32 +73,25 @@ func (be *Backend) allocLocked(size int64) devPtr {
 		p, err = be.drv.alloc(size)
 	}
 	if err != nil {
-		panic(fmt.Sprintf("cuda: allocating %d bytes on %s (%d in use): %v", size, be.desc, be.live, err))
+		live, _ := be.pool.Stats()
+		panic(fmt.Sprintf("cuda: allocating %d bytes on %s (%d in use): %v", size, be.desc, live, err))
 	}
-	be.live += size
+	be.pool.Allocated(size)
 	return p
 }
 
 // freeLocked returns a block to the pool. Work queued on the stream that
 // still reads it runs before any later user of the block, which is queued
 // behind it on the same stream.
-func (be *Backend) freeLocked(p devPtr, size int64) {
-	be.pool[size] = append(be.pool[size], p)
-	be.cached += size
-	be.live -= size
-}
+func (be *Backend) freeLocked(p devPtr, size int64) { be.pool.Put(p, size) }
 
 // releaseCachedLocked gives every pooled block back to the driver.
 func (be *Backend) releaseCachedLocked() {
-	for size, free := range be.pool {
-		for _, p := range free {
-			if err := be.drv.free(p); err != nil {
-				be.failLocked("freeing device memory", err)
-			}
+	be.pool.Drain(func(p devPtr) {
+		if err := be.drv.free(p); err != nil {
+			be.failLocked("freeing device memory", err)
 		}
-		delete(be.pool, size)
-	}
-	be.cached = 0
+	})
 }
 
 // ReleaseCached returns the memory pool's free blocks to the driver.
@@ -113,17 +105,12 @@ func (be *Backend) ReleaseCached() {
 func (be *Backend) MemStats() (live, cached int64) {
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	return be.live, be.cached
+	return be.pool.Stats()
 }
 
 // Alloc implements tensor.Backend.
 func (be *Backend) Alloc(dt tensor.DType, n int) tensor.Buffer {
-	if n < 0 {
-		panic(fmt.Sprintf("cuda: negative allocation %d", n))
-	}
-	if dt != tensor.Float32 && dt != tensor.Int32 {
-		panic("cuda: unknown dtype " + dt.String())
-	}
+	check.Alloc(dt, n)
 	b := &buffer{be: be, n: n, dt: dt}
 	if n == 0 {
 		return b
@@ -157,9 +144,7 @@ func (be *Backend) Free(x tensor.Buffer) {
 // View implements tensor.Backend.
 func (be *Backend) View(x tensor.Buffer, off, n int) tensor.Buffer {
 	b := be.buf("View", x, x.DType())
-	if off < 0 || n < 0 || off+n > b.n {
-		panic(fmt.Sprintf("cuda: view [%d,%d) of a buffer of %d", off, off+n, b.n))
-	}
+	check.View(off, n, b.n)
 	root := b
 	if b.root != nil {
 		root = b.root
@@ -174,14 +159,14 @@ func (be *Backend) View(x tensor.Buffer, off, n int) tensor.Buffer {
 // Upload implements tensor.Backend.
 func (be *Backend) Upload(dst tensor.Buffer, src []float32) {
 	d := be.f32("Upload", dst)
-	mustLen("Upload", len(src), d.n)
+	check.Len("Upload", len(src), d.n)
 	be.upload(d, unsafe.Pointer(unsafe.SliceData(src)))
 }
 
 // UploadInt32 implements tensor.Backend.
 func (be *Backend) UploadInt32(dst tensor.Buffer, src []int32) {
 	d := be.i32("UploadInt32", dst)
-	mustLen("UploadInt32", len(src), d.n)
+	check.Len("UploadInt32", len(src), d.n)
 	be.upload(d, unsafe.Pointer(unsafe.SliceData(src)))
 }
 
@@ -201,7 +186,7 @@ func (be *Backend) upload(d *buffer, src unsafe.Pointer) {
 // it.
 func (be *Backend) Download(dst []float32, src tensor.Buffer) {
 	s := be.f32("Download", src)
-	mustLen("Download", len(dst), s.n)
+	check.Len("Download", len(dst), s.n)
 	if s.n == 0 {
 		return
 	}
@@ -247,46 +232,11 @@ func (be *Backend) Sync() error {
 	return errBitsError(word)
 }
 
-// Error bits of the error word; keep in step with common.cuh.
-const (
-	errGatherID   = 1
-	errScatterID  = 2
-	errXentTarget = 4
-	errRopePos    = 8
-)
-
 // ErrBadIndex is reported by Sync when a kernel met an id, target or
 // position outside its table; the offending rows were skipped (Gather and
 // SoftmaxCrossEntropy zero them).
 var ErrBadIndex = errors.New("cuda: index out of range")
 
 func errBitsError(word uint32) error {
-	var what []string
-	for _, e := range []struct {
-		bit  uint32
-		what string
-	}{
-		{errGatherID, "Gather: id out of range"},
-		{errScatterID, "ScatterAdd: id out of range"},
-		{errXentTarget, "SoftmaxCrossEntropy: target out of range"},
-		{errRopePos, "RoPE: negative position"},
-	} {
-		if word&e.bit != 0 {
-			what = append(what, e.what)
-		}
-	}
-	return fmt.Errorf("%w: %v", ErrBadIndex, what)
-}
-
-func mustLen(op string, got, want int) {
-	if got != want {
-		panic(fmt.Sprintf("cuda: %s: length %d, want %d", op, got, want))
-	}
-}
-
-func mustRows(op string, n, dim int) int {
-	if dim <= 0 || n%dim != 0 {
-		panic(fmt.Sprintf("cuda: %s: length %d is not a multiple of row width %d", op, n, dim))
-	}
-	return n / dim
+	return fmt.Errorf("%w: %v", ErrBadIndex, opcheck.IndexErrors(word))
 }

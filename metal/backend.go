@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/holopeer/holopeer/stage/tensor"
+	"github.com/holopeer/holopeer/stage/tensor/devmem"
 )
 
 // handle is a device buffer: a retained id<MTLBuffer>, or an emulator
@@ -61,9 +62,7 @@ type Backend struct {
 	errWord handle // uint32 of error bits that kernels set
 
 	mu     sync.Mutex // serialises every device call and guards the fields below
-	pool   map[int64][]handle
-	cached int64
-	live   int64
+	pool   devmem.Pool[handle]
 	err    error // first device failure; sticky
 	closed bool
 }
@@ -75,7 +74,7 @@ func newBackend(drv driver, desc string, memory int64) (*Backend, error) {
 			return nil, fmt.Errorf("metal: %s runs at most %d threads per threadgroup, it needs %d", kernelNames[k], got, want)
 		}
 	}
-	be := &Backend{drv: drv, desc: desc, memory: memory, pool: map[int64][]handle{}}
+	be := &Backend{drv: drv, desc: desc, memory: memory}
 	var err error
 	if be.errWord, err = drv.alloc(4); err != nil {
 		return nil, fmt.Errorf("metal: allocating the error word: %w", err)

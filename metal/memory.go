@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/holopeer/holopeer/stage/tensor"
+	"github.com/holopeer/holopeer/stage/tensor/devmem"
+	"github.com/holopeer/holopeer/stage/tensor/opcheck"
 )
 
 // buffer is a Metal buffer of its own, or a view into one.
@@ -52,11 +54,12 @@ func (be *Backend) buf(op string, x tensor.Buffer, dt tensor.DType) *buffer {
 func (be *Backend) f32(op string, x tensor.Buffer) *buffer { return be.buf(op, x, tensor.Float32) }
 func (be *Backend) i32(op string, x tensor.Buffer) *buffer { return be.buf(op, x, tensor.Int32) }
 
-// Pool blocks are rounded up to this many bytes; stages allocate the same
-// shapes every microbatch, so blocks come back and are reused.
-const blockAlign = 512
+// blockSize rounds an allocation up to a pool block; stages allocate the
+// same shapes every microbatch, so blocks come back and are reused.
+func blockSize(bytes int64) int64 { return devmem.BlockSize(bytes) }
 
-func blockSize(bytes int64) int64 { return (bytes + blockAlign - 1) / blockAlign * blockAlign }
+// check panics on a call that cannot be right, before anything is queued.
+const check = opcheck.Checker("metal")
 
 // allocLocked returns a block of size bytes, from the pool when one is
 // free. A block freed while queued work still uses it is safe to hand out:
@@ -64,11 +67,7 @@ func blockSize(bytes int64) int64 { return (bytes + blockAlign - 1) / blockAlign
 // after the earlier on the same queue. When the device is full it empties
 // the pool and tries again, then panics: Alloc has no error to return.
 func (be *Backend) allocLocked(size int64) handle {
-	if free := be.pool[size]; len(free) > 0 {
-		h := free[len(free)-1]
-		be.pool[size] = free[:len(free)-1]
-		be.cached -= size
-		be.live += size
+	if h, ok := be.pool.Take(size); ok {
 		return h
 	}
 	h, err := be.drv.alloc(size)
@@ -78,27 +77,16 @@ func (be *Backend) allocLocked(size int64) handle {
 		h, err = be.drv.alloc(size)
 	}
 	if err != nil {
-		panic(fmt.Sprintf("metal: allocating %d bytes on %s (%d in use): %v", size, be.desc, be.live, err))
+		live, _ := be.pool.Stats()
+		panic(fmt.Sprintf("metal: allocating %d bytes on %s (%d in use): %v", size, be.desc, live, err))
 	}
-	be.live += size
+	be.pool.Allocated(size)
 	return h
 }
 
-func (be *Backend) freeLocked(h handle, size int64) {
-	be.pool[size] = append(be.pool[size], h)
-	be.cached += size
-	be.live -= size
-}
+func (be *Backend) freeLocked(h handle, size int64) { be.pool.Put(h, size) }
 
-func (be *Backend) releaseCachedLocked() {
-	for size, free := range be.pool {
-		for _, h := range free {
-			be.drv.free(h)
-		}
-		delete(be.pool, size)
-	}
-	be.cached = 0
-}
+func (be *Backend) releaseCachedLocked() { be.pool.Drain(be.drv.free) }
 
 // ReleaseCached gives the pool's free buffers back to Metal.
 func (be *Backend) ReleaseCached() {
@@ -111,17 +99,12 @@ func (be *Backend) ReleaseCached() {
 func (be *Backend) MemStats() (live, cached int64) {
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	return be.live, be.cached
+	return be.pool.Stats()
 }
 
 // Alloc implements tensor.Backend. The zero fill is a queued kernel.
 func (be *Backend) Alloc(dt tensor.DType, n int) tensor.Buffer {
-	if n < 0 {
-		panic(fmt.Sprintf("metal: negative allocation %d", n))
-	}
-	if dt != tensor.Float32 && dt != tensor.Int32 {
-		panic("metal: unknown dtype " + dt.String())
-	}
+	check.Alloc(dt, n)
 	if n > maxElems {
 		panic(fmt.Sprintf("metal: %d elements are more than the kernels index (%d)", n, maxElems))
 	}
@@ -156,9 +139,7 @@ func (be *Backend) Free(x tensor.Buffer) {
 // View implements tensor.Backend.
 func (be *Backend) View(x tensor.Buffer, off, n int) tensor.Buffer {
 	b := be.buf("View", x, x.DType())
-	if off < 0 || n < 0 || off+n > b.n {
-		panic(fmt.Sprintf("metal: view [%d,%d) of a buffer of %d", off, off+n, b.n))
-	}
+	check.View(off, n, b.n)
 	root := b
 	if b.root != nil {
 		root = b.root
@@ -174,14 +155,14 @@ func (be *Backend) View(x tensor.Buffer, off, n int) tensor.Buffer {
 // still use the buffer), then copies into the buffer's unified memory.
 func (be *Backend) Upload(dst tensor.Buffer, src []float32) {
 	d := be.f32("Upload", dst)
-	mustLen("Upload", len(src), d.n)
+	check.Len("Upload", len(src), d.n)
 	be.write(d, unsafe.Pointer(unsafe.SliceData(src)))
 }
 
 // UploadInt32 implements tensor.Backend.
 func (be *Backend) UploadInt32(dst tensor.Buffer, src []int32) {
 	d := be.i32("UploadInt32", dst)
-	mustLen("UploadInt32", len(src), d.n)
+	check.Len("UploadInt32", len(src), d.n)
 	be.write(d, unsafe.Pointer(unsafe.SliceData(src)))
 }
 
@@ -198,7 +179,7 @@ func (be *Backend) write(d *buffer, src unsafe.Pointer) {
 // copies from the buffer's unified memory.
 func (be *Backend) Download(dst []float32, src tensor.Buffer) {
 	s := be.f32("Download", src)
-	mustLen("Download", len(dst), s.n)
+	check.Len("Download", len(dst), s.n)
 	if s.n == 0 {
 		return
 	}
@@ -239,46 +220,11 @@ func (be *Backend) Sync() error {
 	return errBitsError(word)
 }
 
-// Error bits of the error word; keep in step with kernels.metal.
-const (
-	errGatherID   = 1
-	errScatterID  = 2
-	errXentTarget = 4
-	errRopePos    = 8
-)
-
 // ErrBadIndex is reported by Sync when a kernel met an id, target or
 // position outside its table; the offending rows were skipped (Gather and
 // SoftmaxCrossEntropy zero them).
 var ErrBadIndex = errors.New("metal: index out of range")
 
 func errBitsError(word uint32) error {
-	var what []string
-	for _, e := range []struct {
-		bit  uint32
-		what string
-	}{
-		{errGatherID, "Gather: id out of range"},
-		{errScatterID, "ScatterAdd: id out of range"},
-		{errXentTarget, "SoftmaxCrossEntropy: target out of range"},
-		{errRopePos, "RoPE: negative position"},
-	} {
-		if word&e.bit != 0 {
-			what = append(what, e.what)
-		}
-	}
-	return fmt.Errorf("%w: %v", ErrBadIndex, what)
-}
-
-func mustLen(op string, got, want int) {
-	if got != want {
-		panic(fmt.Sprintf("metal: %s: length %d, want %d", op, got, want))
-	}
-}
-
-func mustRows(op string, n, dim int) int {
-	if dim <= 0 || n%dim != 0 {
-		panic(fmt.Sprintf("metal: %s: length %d is not a multiple of row width %d", op, n, dim))
-	}
-	return n / dim
+	return fmt.Errorf("%w: %v", ErrBadIndex, opcheck.IndexErrors(word))
 }

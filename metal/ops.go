@@ -66,9 +66,7 @@ func (be *Backend) readFloatsLocked(h handle, n int) []float32 {
 // Gemm implements tensor.Backend with the tiled kernel hp_gemm.
 func (be *Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b tensor.Buffer, beta float32, c tensor.Buffer) {
 	ab, bb, cb := be.f32("Gemm", a), be.f32("Gemm", b), be.f32("Gemm", c)
-	if m < 0 || n < 0 || k < 0 || ab.n != m*k || bb.n != k*n || cb.n != m*n {
-		panic(fmt.Sprintf("metal: Gemm %dx%dx%d with buffers a=%d b=%d c=%d", m, n, k, ab.n, bb.n, cb.n))
-	}
+	check.Gemm(m, n, k, ab.n, bb.n, cb.n)
 	if m == 0 || n == 0 {
 		return
 	}
@@ -102,22 +100,21 @@ func (be *Backend) Fill(x tensor.Buffer, v float32) {
 // Copy implements tensor.Backend.
 func (be *Backend) Copy(dst, src tensor.Buffer) {
 	d, s := be.f32("Copy", dst), be.f32("Copy", src)
-	mustLen("Copy", s.n, d.n)
+	check.Len("Copy", s.n, d.n)
 	be.dispatch1D(kernelCopy, d.n, []bufRef{d.ref(), s.ref()}, &kernelArgs{i: [8]int32{i32(d.n)}})
 }
 
 // Add implements tensor.Backend.
 func (be *Backend) Add(dst, a, b tensor.Buffer) {
 	d, ab, bb := be.f32("Add", dst), be.f32("Add", a), be.f32("Add", b)
-	mustLen("Add", ab.n, d.n)
-	mustLen("Add", bb.n, d.n)
+	check.Add(d.n, ab.n, bb.n)
 	be.dispatch1D(kernelAdd, d.n, []bufRef{d.ref(), ab.ref(), bb.ref()}, &kernelArgs{i: [8]int32{i32(d.n)}})
 }
 
 // Axpy implements tensor.Backend.
 func (be *Backend) Axpy(alpha float32, x, y tensor.Buffer) {
 	xb, yb := be.f32("Axpy", x), be.f32("Axpy", y)
-	mustLen("Axpy", xb.n, yb.n)
+	check.Len("Axpy", xb.n, yb.n)
 	be.dispatch1D(kernelAxpy, yb.n, []bufRef{xb.ref(), yb.ref()}, &kernelArgs{i: [8]int32{i32(yb.n)}, f: [8]float32{alpha}})
 }
 
@@ -152,8 +149,7 @@ func (be *Backend) SumSquares(x tensor.Buffer) float64 {
 // Softmax implements tensor.Backend.
 func (be *Backend) Softmax(dst, x tensor.Buffer, cols int) {
 	d, xb := be.f32("Softmax", dst), be.f32("Softmax", x)
-	mustLen("Softmax", xb.n, d.n)
-	rows := mustRows("Softmax", d.n, cols)
+	rows := check.Softmax(d.n, xb.n, cols)
 	if rows == 0 {
 		return
 	}
@@ -166,8 +162,7 @@ func (be *Backend) Softmax(dst, x tensor.Buffer, cols int) {
 // and makes the next Sync fail with ErrBadIndex.
 func (be *Backend) Gather(dst, table, ids tensor.Buffer, dim int) {
 	d, t, id := be.f32("Gather", dst), be.f32("Gather", table), be.i32("Gather", ids)
-	mustLen("Gather", d.n, id.n*dim)
-	vocab := mustRows("Gather", t.n, dim)
+	vocab := check.Gather(d.n, t.n, id.n, dim)
 	if id.n == 0 {
 		return
 	}
@@ -181,8 +176,7 @@ func (be *Backend) Gather(dst, table, ids tensor.Buffer, dim int) {
 // skipped and makes the next Sync fail with ErrBadIndex.
 func (be *Backend) ScatterAdd(table, ids, src tensor.Buffer, dim int) {
 	t, id, s := be.f32("ScatterAdd", table), be.i32("ScatterAdd", ids), be.f32("ScatterAdd", src)
-	mustLen("ScatterAdd", s.n, id.n*dim)
-	vocab := mustRows("ScatterAdd", t.n, dim)
+	vocab := check.ScatterAdd(t.n, id.n, s.n, dim)
 	if id.n == 0 {
 		return
 	}
@@ -194,10 +188,7 @@ func (be *Backend) ScatterAdd(table, ids, src tensor.Buffer, dim int) {
 // RMSNorm implements tensor.Backend.
 func (be *Backend) RMSNorm(out, rstd, x, w tensor.Buffer, dim int, eps float32) {
 	o, rs, xb, wb := be.f32("RMSNorm", out), be.f32("RMSNorm", rstd), be.f32("RMSNorm", x), be.f32("RMSNorm", w)
-	mustLen("RMSNorm", o.n, xb.n)
-	mustLen("RMSNorm weight", wb.n, dim)
-	rows := mustRows("RMSNorm", xb.n, dim)
-	mustLen("RMSNorm rstd", rs.n, rows)
+	rows := check.RMSNorm(o.n, rs.n, xb.n, wb.n, dim)
 	if rows == 0 {
 		return
 	}
@@ -215,12 +206,7 @@ func (be *Backend) RMSNormBackward(dx, dw, dy, x, w, rstd tensor.Buffer, dim int
 	op := "RMSNormBackward"
 	dxb, dwb, dyb := be.f32(op, dx), be.f32(op, dw), be.f32(op, dy)
 	xb, wb, rs := be.f32(op, x), be.f32(op, w), be.f32(op, rstd)
-	mustLen("RMSNormBackward dx", dxb.n, xb.n)
-	mustLen("RMSNormBackward dy", dyb.n, xb.n)
-	mustLen("RMSNormBackward w", wb.n, dim)
-	mustLen("RMSNormBackward dw", dwb.n, dim)
-	rows := mustRows(op, xb.n, dim)
-	mustLen("RMSNormBackward rstd", rs.n, rows)
+	rows := check.RMSNormBackward(dxb.n, dwb.n, dyb.n, xb.n, wb.n, rs.n, dim)
 	if rows == 0 {
 		return
 	}
@@ -242,12 +228,7 @@ func (be *Backend) RMSNormBackward(dx, dw, dy, x, w, rstd tensor.Buffer, dim int
 // untouched and makes the next Sync fail with ErrBadIndex.
 func (be *Backend) RoPE(x, pos, invFreq tensor.Buffer, heads, headDim int, inverse bool) {
 	xb, pb, fb := be.f32("RoPE", x), be.i32("RoPE", pos), be.f32("RoPE", invFreq)
-	if headDim <= 0 || headDim%2 != 0 {
-		panic(fmt.Sprintf("metal: RoPE head dim %d must be even", headDim))
-	}
-	mustLen("RoPE frequencies", fb.n, headDim/2)
-	rows := mustRows("RoPE", xb.n, heads*headDim)
-	mustLen("RoPE positions", pb.n, rows)
+	rows := check.RoPE(xb.n, pb.n, fb.n, heads, headDim)
 	var sign float32 = 1
 	if inverse {
 		sign = -1
@@ -259,8 +240,7 @@ func (be *Backend) RoPE(x, pos, invFreq tensor.Buffer, heads, headDim int, inver
 // SwiGLU implements tensor.Backend.
 func (be *Backend) SwiGLU(out, gate, up tensor.Buffer) {
 	o, g, u := be.f32("SwiGLU", out), be.f32("SwiGLU", gate), be.f32("SwiGLU", up)
-	mustLen("SwiGLU", g.n, o.n)
-	mustLen("SwiGLU", u.n, o.n)
+	check.SwiGLU(o.n, g.n, u.n)
 	be.dispatch1D(kernelSwiGLU, o.n, []bufRef{o.ref(), g.ref(), u.ref()}, &kernelArgs{i: [8]int32{i32(o.n)}})
 }
 
@@ -268,23 +248,13 @@ func (be *Backend) SwiGLU(out, gate, up tensor.Buffer) {
 func (be *Backend) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer) {
 	op := "SwiGLUBackward"
 	dg, du, do, g, u := be.f32(op, dgate), be.f32(op, dup), be.f32(op, dout), be.f32(op, gate), be.f32(op, up)
-	for _, l := range []int{dg.n, du.n, g.n, u.n} {
-		mustLen(op, l, do.n)
-	}
+	check.SwiGLUBackward(dg.n, du.n, do.n, g.n, u.n)
 	be.dispatch1D(kernelSwiGLUBackward, do.n, []bufRef{dg.ref(), du.ref(), do.ref(), g.ref(), u.ref()},
 		&kernelArgs{i: [8]int32{i32(do.n)}})
 }
 
 func checkAttn(op string, s tensor.AttnShape, q, k, v, out, lse *buffer) {
-	if err := s.Validate(); err != nil {
-		panic(fmt.Sprintf("metal: %s: %v", op, err))
-	}
-	qn := s.Batch * s.SeqQ * s.Heads * s.HeadDim
-	kn := s.Batch * s.SeqK * s.KVHeads * s.HeadDim
-	if q.n != qn || out.n != qn || k.n != kn || v.n != kn || lse.n != s.Batch*s.Heads*s.SeqQ {
-		panic(fmt.Sprintf("metal: %s: buffers q=%d k=%d v=%d out=%d lse=%d do not fit %+v",
-			op, q.n, k.n, v.n, out.n, lse.n, s))
-	}
+	check.Attention(op, s, q.n, k.n, v.n, out.n, lse.n)
 	if s.HeadDim > attnMaxDim {
 		panic(fmt.Sprintf("metal: %s: head dim %d is more than the kernels' %d", op, s.HeadDim, attnMaxDim))
 	}
@@ -315,10 +285,7 @@ func (be *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse tensor.
 	dqb, dkb, dvb, dob := be.f32(op, dq), be.f32(op, dk), be.f32(op, dv), be.f32(op, dout)
 	qb, kb, vb, ob, lb := be.f32(op, q), be.f32(op, k), be.f32(op, v), be.f32(op, out), be.f32(op, lse)
 	checkAttn(op, s, qb, kb, vb, ob, lb)
-	mustLen("AttentionBackward dq", dqb.n, qb.n)
-	mustLen("AttentionBackward dout", dob.n, qb.n)
-	mustLen("AttentionBackward dk", dkb.n, kb.n)
-	mustLen("AttentionBackward dv", dvb.n, vb.n)
+	check.AttentionGrads(dqb.n, dkb.n, dvb.n, dob.n, qb.n, kb.n, vb.n)
 	defer be.lock()()
 	size := blockSize(4 * int64(lb.n))
 	dsum := be.allocLocked(size)
@@ -336,9 +303,7 @@ func (be *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse tensor.
 func (be *Backend) SoftmaxCrossEntropy(dlogits, logits, targets tensor.Buffer, vocab int, scale float32) float64 {
 	op := "SoftmaxCrossEntropy"
 	d, x, tg := be.f32(op, dlogits), be.f32(op, logits), be.i32(op, targets)
-	mustLen(op, x.n, d.n)
-	rows := mustRows(op, x.n, vocab)
-	mustLen("SoftmaxCrossEntropy targets", tg.n, rows)
+	rows := check.SoftmaxCrossEntropy(d.n, x.n, tg.n, vocab)
 	if rows == 0 {
 		return 0
 	}
@@ -360,12 +325,7 @@ func (be *Backend) SoftmaxCrossEntropy(dlogits, logits, targets tensor.Buffer, v
 // corrections and float32 update.
 func (be *Backend) AdamW(p, g, m, v tensor.Buffer, h tensor.AdamWStep) {
 	pb, gb, mb, vb := be.f32("AdamW", p), be.f32("AdamW", g), be.f32("AdamW", m), be.f32("AdamW", v)
-	for _, l := range []int{gb.n, mb.n, vb.n} {
-		mustLen("AdamW", l, pb.n)
-	}
-	if h.Step < 1 {
-		panic("metal: AdamW step counts from 1")
-	}
+	check.AdamW(pb.n, gb.n, mb.n, vb.n, h)
 	bc1 := 1 - math.Pow(float64(h.Beta1), float64(h.Step))
 	bc2 := 1 - math.Pow(float64(h.Beta2), float64(h.Step))
 	be.dispatch1D(kernelAdamW, pb.n, []bufRef{pb.ref(), gb.ref(), mb.ref(), vb.ref()}, &kernelArgs{
