@@ -3,8 +3,6 @@
 package cuda_test
 
 import (
-	"errors"
-	"slices"
 	"testing"
 
 	"github.com/holopeer/holopeer/cuda"
@@ -43,60 +41,11 @@ func TestConcurrentUse(t *testing.T) {
 // An id outside the table cannot panic on the device; the next Sync says
 // so, the row is zero, and the Sync after is clean again.
 func TestBadIndexReportedBySync(t *testing.T) {
-	gpu := testBackend(t)
-	if err := gpu.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	table := gpu.Alloc(tensor.Float32, 4*3)
-	gpu.Fill(table, 1)
-	ids := gpu.Alloc(tensor.Int32, 2)
-	gpu.UploadInt32(ids, []int32{1, 9})
-	dst := gpu.Alloc(tensor.Float32, 2*3)
-	gpu.Gather(dst, table, ids, 3)
-	err := gpu.Sync()
-	if !errors.Is(err, cuda.ErrBadIndex) {
-		t.Fatalf("Sync after a bad Gather id: %v, want ErrBadIndex", err)
-	}
-	got := make([]float32, 6)
-	gpu.Download(got, dst)
-	if want := []float32{1, 1, 1, 0, 0, 0}; !slices.Equal(got, want) {
-		t.Errorf("gathered %v, want %v", got, want)
-	}
-	if err := gpu.Sync(); err != nil {
-		t.Errorf("second Sync: %v", err)
-	}
+	gputest.CheckBadIndex(t, testBackend(t), cuda.ErrBadIndex)
 }
 
 func TestMisuseFailsLoudly(t *testing.T) {
-	gpu := testBackend(t)
-	for name, f := range map[string]func(){
-		"foreign buffer": func() { gpu.Fill(cpu.New().Alloc(tensor.Float32, 3), 1) },
-		"int as float":   func() { gpu.Fill(gpu.Alloc(tensor.Int32, 3), 1) },
-		"view range":     func() { gpu.View(gpu.Alloc(tensor.Float32, 3), 2, 2) },
-		"use after free": func() {
-			b := gpu.Alloc(tensor.Float32, 3)
-			v := gpu.View(b, 1, 1)
-			gpu.Free(b)
-			gpu.Fill(v, 1)
-		},
-		"gemm shape": func() {
-			gpu.Gemm(false, false, 2, 2, 2, 1, gpu.Alloc(tensor.Float32, 3), gpu.Alloc(tensor.Float32, 4), 0, gpu.Alloc(tensor.Float32, 4))
-		},
-		"head dim": func() {
-			s := tensor.AttnShape{Batch: 1, Heads: 1, KVHeads: 1, HeadDim: 1024, SeqQ: 1, SeqK: 1, Scale: 1}
-			q := gpu.Alloc(tensor.Float32, 1024)
-			gpu.Attention(gpu.Alloc(tensor.Float32, 1024), gpu.Alloc(tensor.Float32, 1), q, q, q, s)
-		},
-	} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("%s: no panic", name)
-				}
-			}()
-			f()
-		}()
-	}
+	gputest.CheckMisuse(t, testBackend(t))
 }
 
 func benchGemm(b *testing.B, n int) {

@@ -3,7 +3,6 @@
 package metal_test
 
 import (
-	"errors"
 	"slices"
 	"testing"
 
@@ -57,62 +56,14 @@ func TestHostSliceSharesMemory(t *testing.T) {
 	}
 }
 
-// An id outside the table cannot panic on the GPU; the next Sync says so,
-// the row is zero, and the Sync after is clean again.
+// An id outside the table cannot panic on the device; the next Sync says
+// so, the row is zero, and the Sync after is clean again.
 func TestBadIndexReportedBySync(t *testing.T) {
-	be := testBackend(t)
-	if err := be.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	table := be.Alloc(tensor.Float32, 4*3)
-	be.Fill(table, 1)
-	ids := be.Alloc(tensor.Int32, 2)
-	be.UploadInt32(ids, []int32{1, 9})
-	dst := be.Alloc(tensor.Float32, 2*3)
-	be.Gather(dst, table, ids, 3)
-	if err := be.Sync(); !errors.Is(err, metal.ErrBadIndex) {
-		t.Fatalf("Sync after a bad Gather id: %v, want ErrBadIndex", err)
-	}
-	got := make([]float32, 6)
-	be.Download(got, dst)
-	if want := []float32{1, 1, 1, 0, 0, 0}; !slices.Equal(got, want) {
-		t.Errorf("gathered %v, want %v", got, want)
-	}
-	if err := be.Sync(); err != nil {
-		t.Errorf("second Sync: %v", err)
-	}
+	gputest.CheckBadIndex(t, testBackend(t), metal.ErrBadIndex)
 }
 
 func TestMisuseFailsLoudly(t *testing.T) {
-	be := testBackend(t)
-	for name, f := range map[string]func(){
-		"foreign buffer": func() { be.Fill(cpu.New().Alloc(tensor.Float32, 3), 1) },
-		"int as float":   func() { be.Fill(be.Alloc(tensor.Int32, 3), 1) },
-		"view range":     func() { be.View(be.Alloc(tensor.Float32, 3), 2, 2) },
-		"use after free": func() {
-			b := be.Alloc(tensor.Float32, 3)
-			v := be.View(b, 1, 1)
-			be.Free(b)
-			be.Fill(v, 1)
-		},
-		"gemm shape": func() {
-			be.Gemm(false, false, 2, 2, 2, 1, be.Alloc(tensor.Float32, 3), be.Alloc(tensor.Float32, 4), 0, be.Alloc(tensor.Float32, 4))
-		},
-		"head dim": func() {
-			s := tensor.AttnShape{Batch: 1, Heads: 1, KVHeads: 1, HeadDim: 1024, SeqQ: 1, SeqK: 1, Scale: 1}
-			q := be.Alloc(tensor.Float32, 1024)
-			be.Attention(be.Alloc(tensor.Float32, 1024), be.Alloc(tensor.Float32, 1), q, q, q, s)
-		},
-	} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("%s: no panic", name)
-				}
-			}()
-			f()
-		}()
-	}
+	gputest.CheckMisuse(t, testBackend(t))
 }
 
 func BenchmarkGemm1024(b *testing.B) {

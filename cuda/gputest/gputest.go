@@ -6,6 +6,7 @@
 package gputest
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -462,5 +463,68 @@ func CheckConcurrent(t *testing.T, dev tensor.Backend) {
 	wg.Wait()
 	if err := gpu.Sync(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// CheckBadIndex checks that an id outside the table, which cannot panic
+// on the device, makes the next Sync fail with badIndex (the backend's
+// ErrBadIndex) and zeroes its row, and that the Sync after is clean again.
+func CheckBadIndex(t *testing.T, dev tensor.Backend, badIndex error) {
+	gpu := dev
+	if err := gpu.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	table := gpu.Alloc(tensor.Float32, 4*3)
+	gpu.Fill(table, 1)
+	ids := gpu.Alloc(tensor.Int32, 2)
+	gpu.UploadInt32(ids, []int32{1, 9})
+	dst := gpu.Alloc(tensor.Float32, 2*3)
+	gpu.Gather(dst, table, ids, 3)
+	if err := gpu.Sync(); !errors.Is(err, badIndex) {
+		t.Fatalf("Sync after a bad Gather id: %v, want ErrBadIndex", err)
+	}
+	got := make([]float32, 6)
+	gpu.Download(got, dst)
+	if want := []float32{1, 1, 1, 0, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("gathered %v, want %v", got, want)
+	}
+	if err := gpu.Sync(); err != nil {
+		t.Errorf("second Sync: %v", err)
+	}
+}
+
+// CheckMisuse checks that dev panics on calls that cannot be right: a
+// buffer of another backend, an int buffer as a float one, a view out of
+// range, a use after Free, a Gemm whose buffers do not fit its shape, and
+// an attention head wider than a device's kernels take.
+func CheckMisuse(t *testing.T, dev tensor.Backend) {
+	gpu := dev
+	for name, f := range map[string]func(){
+		"foreign buffer": func() { gpu.Fill(cpu.New().Alloc(tensor.Float32, 3), 1) },
+		"int as float":   func() { gpu.Fill(gpu.Alloc(tensor.Int32, 3), 1) },
+		"view range":     func() { gpu.View(gpu.Alloc(tensor.Float32, 3), 2, 2) },
+		"use after free": func() {
+			b := gpu.Alloc(tensor.Float32, 3)
+			v := gpu.View(b, 1, 1)
+			gpu.Free(b)
+			gpu.Fill(v, 1)
+		},
+		"gemm shape": func() {
+			gpu.Gemm(false, false, 2, 2, 2, 1, gpu.Alloc(tensor.Float32, 3), gpu.Alloc(tensor.Float32, 4), 0, gpu.Alloc(tensor.Float32, 4))
+		},
+		"head dim": func() {
+			s := tensor.AttnShape{Batch: 1, Heads: 1, KVHeads: 1, HeadDim: 1024, SeqQ: 1, SeqK: 1, Scale: 1}
+			q := gpu.Alloc(tensor.Float32, 1024)
+			gpu.Attention(gpu.Alloc(tensor.Float32, 1024), gpu.Alloc(tensor.Float32, 1), q, q, q, s)
+		},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", name)
+				}
+			}()
+			f()
+		}()
 	}
 }
