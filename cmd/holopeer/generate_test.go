@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"hash/fnv"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,7 +10,9 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/safetensors"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
@@ -28,30 +28,9 @@ func testCheckpoint(t *testing.T) (string, model.Config) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	for _, p := range m.Params() {
-		h := fnv.New64a()
-		h.Write([]byte(p.Name))
-		r := rand.New(rand.NewPCG(h.Sum64(), 1))
-		data := make([]float32, p.Len())
-		for i := range data {
-			if len(p.Shape) == 1 {
-				data[i] = float32(1 + 0.2*r.NormFloat64())
-			} else {
-				data[i] = float32(0.5 * r.NormFloat64())
-			}
-		}
-		if err := p.Set(data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	snap, err := checkpoint.Capture([]*model.Stage{m.Stage}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "ck")
-	if err := checkpoint.Save(dir, snap, checkpoint.WithDType(safetensors.BF16), checkpoint.WithTokenizer(tokenizer.Byte())); err != nil {
-		t.Fatal(err)
-	}
+	modeltest.Perturb(t, modeltest.Weights{Stream: 1, Norm: 0.2, Matrix: 0.5}, m.Stage)
+	dir := checkpointtest.Save(t, filepath.Join(t.TempDir(), "ck"), []*model.Stage{m.Stage},
+		checkpoint.WithDType(safetensors.BF16), checkpoint.WithTokenizer(tokenizer.Byte()))
 	return dir, cfg
 }
 

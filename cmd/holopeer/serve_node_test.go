@@ -15,6 +15,7 @@ import (
 	hpeer "github.com/holopeer/holopeer/peer"
 	"github.com/holopeer/holopeer/peer/node"
 	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/manifest"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/tokenizer"
@@ -68,14 +69,7 @@ func TestServeTrainedOnNodes(t *testing.T) {
 	}
 	defer m.Close()
 	serveTestModel(t, m)
-	snap, err := checkpoint.Capture([]*model.Stage{m.Stage}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	final := filepath.Join(dir, "final")
-	if err := checkpoint.Save(final, snap, checkpoint.WithTokenizer(tokenizer.Byte())); err != nil {
-		t.Fatal(err)
-	}
+	final := checkpointtest.Save(t, filepath.Join(dir, "final"), []*model.Stage{m.Stage}, checkpoint.WithTokenizer(tokenizer.Byte()))
 	train, err := manifest.Parse([]byte("name: tiny\ntokenizer: byte\nmodel: {dim: 32, layers: 3, heads: 4, kv_heads: 2, ffn_dim: 64, max_seq: 64}\npipeline: {stages: 3, codec: fp32}\n"))
 	if err != nil {
 		t.Fatal(err)

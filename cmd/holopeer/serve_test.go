@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,8 +15,10 @@ import (
 	"time"
 
 	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/manifest"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/pipeline"
 	"github.com/holopeer/holopeer/stage/pipeline/pipelinetest"
 	"github.com/holopeer/holopeer/stage/serve"
@@ -29,30 +29,7 @@ import (
 // printable bytes, so generations are readable and differ by prompt.
 func serveTestModel(t *testing.T, m *model.Model) {
 	t.Helper()
-	for _, p := range m.Params() {
-		h := fnv.New64a()
-		h.Write([]byte(p.Name))
-		r := rand.New(rand.NewPCG(h.Sum64(), 8))
-		data := make([]float32, p.Len())
-		for i := range data {
-			if len(p.Shape) == 1 {
-				data[i] = float32(1 + 0.2*r.NormFloat64())
-			} else {
-				data[i] = float32(0.5 * r.NormFloat64())
-			}
-		}
-		if p.Name == model.NameHead {
-			d := p.Shape[1]
-			for id := range p.Shape[0] {
-				if id < 32 || id > 126 {
-					clear(data[id*d : (id+1)*d])
-				}
-			}
-		}
-		if err := p.Set(data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	modeltest.Perturb(t, modeltest.Weights{Stream: 8, Norm: 0.2, Matrix: 0.5, PrintableHead: true}, m.Stage)
 }
 
 // serving is a serving manifest placed on a loopback swarm with its API.
@@ -206,13 +183,7 @@ func TestServeHTTPThroughSwarm(t *testing.T) {
 	}
 	defer m.Close()
 	serveTestModel(t, m)
-	snap, err := checkpoint.Capture([]*model.Stage{m.Stage}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := checkpoint.Save(filepath.Join(dir, "ckpt"), snap, checkpoint.WithTokenizer(tokenizer.Byte())); err != nil {
-		t.Fatal(err)
-	}
+	checkpointtest.Save(t, filepath.Join(dir, "ckpt"), []*model.Stage{m.Stage}, checkpoint.WithTokenizer(tokenizer.Byte()))
 	man := writeManifest(t, dir, `
 name: tiny
 tokenizer: byte
@@ -371,14 +342,8 @@ func TestPrepareServeRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap, err := checkpoint.Capture([]*model.Stage{m.Stage}, nil)
+	checkpointtest.Save(t, filepath.Join(dir, "ckpt"), []*model.Stage{m.Stage})
 	m.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := checkpoint.Save(filepath.Join(dir, "ckpt"), snap); err != nil {
-		t.Fatal(err)
-	}
 	for text, want := range map[string]string{
 		"name: x\npipeline: {codec: int8}\n":                                                   "model.checkpoint",
 		"name: x\nmodel: {checkpoint: nowhere}\npipeline: {codec: int8}\n":                     "model.checkpoint",

@@ -8,7 +8,6 @@ package gputest
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/tensor/cpu"
 	"github.com/holopeer/holopeer/stage/tensor/tensortest"
@@ -245,30 +245,6 @@ func CheckLargeShapes(t *testing.T, dev tensor.Backend, o Options) {
 	}
 }
 
-// perturb moves every parameter to order-one values keyed by its name, so
-// both backends start from the same model and every path carries gradient.
-func perturb(t *testing.T, stages ...*model.Stage) {
-	t.Helper()
-	for _, s := range stages {
-		for _, p := range s.Params() {
-			h := fnv.New64a()
-			h.Write([]byte(p.Name))
-			r := rand.New(rand.NewPCG(h.Sum64(), 77))
-			data := make([]float32, p.Len())
-			for i := range data {
-				if len(p.Shape) == 1 {
-					data[i] = float32(1 + 0.2*r.NormFloat64())
-				} else {
-					data[i] = float32(0.3 * r.NormFloat64())
-				}
-			}
-			if err := p.Set(data); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
 func stageConfig() model.Config {
 	return model.Config{
 		Vocab: 61, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, FFNDim: 96, MaxSeq: 64,
@@ -320,7 +296,7 @@ func trainPipeline(t *testing.T, cfg model.Config, backends ...tensor.Backend) (
 		}
 		defer stages[i].Close()
 	}
-	perturb(t, stages...)
+	modeltest.Perturb(t, modeltest.Weights{Stream: 77, Norm: 0.2, Matrix: 0.3}, stages...)
 	forward := func(mb int, in model.Input, noGrad bool) float64 {
 		var hidden []float32
 		for i, s := range stages {

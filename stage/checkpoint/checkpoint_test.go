@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -18,7 +17,9 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/model/train"
 	"github.com/holopeer/holopeer/stage/optim"
 	"github.com/holopeer/holopeer/stage/safetensors"
@@ -47,30 +48,6 @@ func variants() map[string]model.Config {
 	return map[string]model.Config{"gqa": small(), "mha": mha, "tied": tied, "subspace": sub, "subspace-tail": tail}
 }
 
-// perturb sets every parameter to values of order one, keyed by name, so a
-// tensor loaded under the wrong name or layout changes the logits.
-func perturb(t *testing.T, stages ...*model.Stage) {
-	t.Helper()
-	for _, s := range stages {
-		for _, p := range s.Params() {
-			h := fnv.New64a()
-			h.Write([]byte(p.Name))
-			r := rand.New(rand.NewPCG(h.Sum64(), 9))
-			data := make([]float32, p.Len())
-			for i := range data {
-				if len(p.Shape) == 1 {
-					data[i] = float32(1 + 0.3*r.NormFloat64())
-				} else {
-					data[i] = float32(0.3 * r.NormFloat64())
-				}
-			}
-			if err := p.Set(data); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
 func newModel(t *testing.T, cfg model.Config) *model.Model {
 	t.Helper()
 	m, err := model.New(cfg, model.WithSeed(4))
@@ -78,21 +55,13 @@ func newModel(t *testing.T, cfg model.Config) *model.Model {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	perturb(t, m.Stage)
+	modeltest.Perturb(t, modeltest.Weights{Stream: 9, Norm: 0.3, Matrix: 0.3}, m.Stage)
 	return m
 }
 
 func save(t *testing.T, stages []*model.Stage, opts ...checkpoint.SaveOption) string {
 	t.Helper()
-	snap, err := checkpoint.Capture(stages, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "ckpt")
-	if err := checkpoint.Save(dir, snap, opts...); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return checkpointtest.Save(t, filepath.Join(t.TempDir(), "ckpt"), stages, opts...)
 }
 
 var prompt = []int32{3, 17, 60, 0, 42, 42, 5, 11, 29}

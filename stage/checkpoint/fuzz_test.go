@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/safetensors"
 )
@@ -50,14 +51,7 @@ func FuzzLoadStage(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	snap, err := checkpoint.Capture([]*model.Stage{m.Stage}, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	dir := filepath.Join(f.TempDir(), "ck")
-	if err := checkpoint.Save(dir, snap, checkpoint.WithDType(safetensors.BF16)); err != nil {
-		f.Fatal(err)
-	}
+	dir := checkpointtest.Save(f, filepath.Join(f.TempDir(), "ck"), []*model.Stage{m.Stage}, checkpoint.WithDType(safetensors.BF16))
 	good, err := os.ReadFile(filepath.Join(dir, checkpoint.ModelFile))
 	if err != nil {
 		f.Fatal(err)

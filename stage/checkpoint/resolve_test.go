@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/manifest"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/optim"
@@ -53,13 +54,7 @@ func TestResolveFromCheckpoint(t *testing.T) {
 	cfg := small()
 	cfg.TieEmbeddings = true
 	m := newModel(t, cfg)
-	snap, err := checkpoint.Capture([]*model.Stage{m.Stage}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := checkpoint.Save(filepath.Join(dir, "base"), snap); err != nil {
-		t.Fatal(err)
-	}
+	checkpointtest.Save(t, filepath.Join(dir, "base"), []*model.Stage{m.Stage})
 	const job = "model:\n  checkpoint: base\ntrain:\n  seq_len: 16\npipeline:\n  codec: %s\n"
 	// Dense fine-tuning takes the architecture from config.json.
 	mf := parseManifest(t, dir, strings.Replace(job, "%s", "bf16", 1))

@@ -3,7 +3,6 @@ package model_test
 import (
 	"context"
 	"errors"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/model/train"
 	"github.com/holopeer/holopeer/stage/optim"
 	tt "github.com/holopeer/holopeer/stage/tensor/tensortest"
@@ -37,30 +37,8 @@ func variants(layers int) map[string]model.Config {
 	return map[string]model.Config{"gqa": dense, "mha": mha, "tied": tied, "subspace": sub, "subspace-dense-tail": subTail}
 }
 
-// perturb moves every parameter to values of order one, keyed by name, so
-// that every path of the network carries a gradient worth checking and
-// stages of a split model get the same values.
-func perturb(t *testing.T, stages ...*model.Stage) {
-	t.Helper()
-	for _, s := range stages {
-		for _, p := range s.Params() {
-			h := fnv.New64a()
-			h.Write([]byte(p.Name))
-			r := rand.New(rand.NewPCG(h.Sum64(), 77))
-			data := make([]float32, p.Len())
-			for i := range data {
-				if len(p.Shape) == 1 {
-					data[i] = float32(1 + 0.2*r.NormFloat64())
-				} else {
-					data[i] = float32(0.4 * r.NormFloat64())
-				}
-			}
-			if err := p.Set(data); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
+// perturbed is how the tests set a model's weights to order one.
+var perturbed = modeltest.Weights{Stream: 77, Norm: 0.2, Matrix: 0.4}
 
 // batch returns two microbatches of different shapes, with ignored targets
 // and explicit positions in the second, and their total target count.
@@ -91,7 +69,7 @@ func TestGradientsMatchFiniteDifferences(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			perturb(t, m.Stage)
+			modeltest.Perturb(t, perturbed, m.Stage)
 			mbs, total := batch(cfg, 1)
 			var loss float64
 			for i, mb := range mbs {
@@ -227,7 +205,7 @@ func TestMicrobatchingMatchesOneBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		perturb(t, m.Stage)
+		modeltest.Perturb(t, perturbed, m.Stage)
 		r := rand.New(rand.NewPCG(8, 8))
 		in := model.Input{Batch: 3, Seq: 6, Tokens: make([]int32, 18), Targets: make([]int32, 18)}
 		for i := range in.Tokens {
@@ -367,7 +345,7 @@ func TestKVCacheMatchesFullForward(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			perturb(t, whole.Stage)
+			modeltest.Perturb(t, perturbed, whole.Stage)
 			full, err := whole.Forward(0, model.Input{Batch: 1, Seq: len(toks), Tokens: toks, NoGrad: true})
 			if err != nil {
 				t.Fatal(err)
@@ -377,7 +355,7 @@ func TestKVCacheMatchesFullForward(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			perturb(t, stages...)
+			modeltest.Perturb(t, perturbed, stages...)
 			caches := []*model.Cache{stages[0].NewCache(), stages[1].NewCache()}
 			v := cfg.Vocab
 			for at := 0; at < len(toks); {
@@ -425,7 +403,7 @@ func TestExportDenseComputesTheSameModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	perturb(t, sub.Stage)
+	modeltest.Perturb(t, perturbed, sub.Stage)
 	plain := cfg
 	plain.Subspace = model.SubspaceConfig{}
 	dense, err := model.New(plain)
@@ -641,7 +619,7 @@ func TestSubspaceBoundaryIsLossless(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		perturb(t, stages...)
+		modeltest.Perturb(t, perturbed, stages...)
 		basis := stages[0].Basis()
 		k := basis.Rank()
 		var loss float64

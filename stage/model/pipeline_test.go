@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/tensor/cpu"
 )
 
@@ -29,7 +30,7 @@ func TestOneFOneBOnConcurrentStages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		perturb(t, stages...)
+		modeltest.Perturb(t, perturbed, stages...)
 		return stages
 	}
 	input := func(i int, hidden []float32) model.Input {

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/holopeer/holopeer/stage/checkpoint"
+	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/pipeline"
 	"github.com/holopeer/holopeer/stage/pipeline/pipelinetest"
 )
@@ -41,30 +43,8 @@ func serveCheckpoint(t *testing.T, cfg model.Config) *checkpoint.Checkpoint {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	for _, p := range m.Params() {
-		h := fnv.New64a()
-		h.Write([]byte(p.Name))
-		r := rand.New(rand.NewPCG(h.Sum64(), 2))
-		data := make([]float32, p.Len())
-		for i := range data {
-			if len(p.Shape) == 1 {
-				data[i] = float32(1 + 0.2*r.NormFloat64())
-			} else {
-				data[i] = float32(0.5 * r.NormFloat64())
-			}
-		}
-		if err := p.Set(data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	snap, err := checkpoint.Capture([]*model.Stage{m.Stage}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "ckpt")
-	if err := checkpoint.Save(dir, snap); err != nil {
-		t.Fatal(err)
-	}
+	modeltest.Perturb(t, modeltest.Weights{Stream: 2, Norm: 0.2, Matrix: 0.5}, m.Stage)
+	dir := checkpointtest.Save(t, filepath.Join(t.TempDir(), "ckpt"), []*model.Stage{m.Stage})
 	ck, err := checkpoint.Open(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
 
@@ -32,30 +31,7 @@ func testModel(t testing.TB) *model.Model {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	for _, p := range m.Params() {
-		h := fnv.New64a()
-		h.Write([]byte(p.Name))
-		r := rand.New(rand.NewPCG(h.Sum64(), 4))
-		data := make([]float32, p.Len())
-		for i := range data {
-			if len(p.Shape) == 1 {
-				data[i] = float32(1 + 0.2*r.NormFloat64())
-			} else {
-				data[i] = float32(0.5 * r.NormFloat64())
-			}
-		}
-		if p.Name == model.NameHead {
-			d := p.Shape[1]
-			for id := range p.Shape[0] {
-				if id < 32 || id > 126 {
-					clear(data[id*d : (id+1)*d])
-				}
-			}
-		}
-		if err := p.Set(data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	modeltest.Perturb(t, modeltest.Weights{Stream: 4, Norm: 0.2, Matrix: 0.5, PrintableHead: true}, m.Stage)
 	return m
 }
 
