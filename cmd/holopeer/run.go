@@ -87,14 +87,8 @@ Outputs go to --out (default: the manifest's checkpoint.dir):
 			return nil
 		},
 	}
-	f.up.register(cmd)
+	f.up.registerResearcher(cmd)
 	fl := cmd.Flags()
-	fl.Lookup("data-dir").DefValue = filepath.Join(defaultDataDir(), "researcher")
-	_ = fl.Set("data-dir", filepath.Join(defaultDataDir(), "researcher"))
-	_ = fl.Set("listen", "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1")
-	fl.Lookup("listen").DefValue = "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1"
-	_ = fl.Set("api", "off")
-	fl.Lookup("api").DefValue = "off"
 	fl.StringVar(&f.out, "out", "", "directory for the loss log, checkpoints and the final model (default: the manifest's checkpoint.dir)")
 	fl.IntVar(&f.steps, "steps", 0, "override train.steps")
 	fl.BoolVar(&f.asJSON, "json", false, "print only a JSON summary at the end")

@@ -82,16 +82,8 @@ Chat uses a plain template, one "role: content" line per message and then
 			return serveOnNode(cmd.Context(), n, m, serveOptions{HTTP: f.http, Stdout: cmd.OutOrStdout(), Logger: cfg.Logger})
 		},
 	}
-	f.up.register(cmd)
-	fl := cmd.Flags()
-	// Like run: a researcher's node of its own, on ephemeral ports.
-	fl.Lookup("data-dir").DefValue = filepath.Join(defaultDataDir(), "researcher")
-	_ = fl.Set("data-dir", filepath.Join(defaultDataDir(), "researcher"))
-	_ = fl.Set("listen", "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1")
-	fl.Lookup("listen").DefValue = "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1"
-	_ = fl.Set("api", "off")
-	fl.Lookup("api").DefValue = "off"
-	fl.StringVar(&f.http, "http", "127.0.0.1:8000", "HOST:PORT of the OpenAI-compatible API (loopback unless you mean otherwise)")
+	f.up.registerResearcher(cmd)
+	cmd.Flags().StringVar(&f.http, "http", "127.0.0.1:8000", "HOST:PORT of the OpenAI-compatible API (loopback unless you mean otherwise)")
 	return cmd
 }
 

@@ -79,6 +79,21 @@ func (f *upFlags) register(cmd *cobra.Command) {
 	f.flags = fl
 }
 
+// registerResearcher registers the node flags of a command that runs a
+// researcher's node (run, serve): a node of its own beside an up node on
+// the same machine, with its own data dir, ephemeral ports and no control
+// API unless asked.
+func (f *upFlags) registerResearcher(cmd *cobra.Command) {
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.Lookup("data-dir").DefValue = filepath.Join(defaultDataDir(), "researcher")
+	_ = fl.Set("data-dir", filepath.Join(defaultDataDir(), "researcher"))
+	_ = fl.Set("listen", "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1")
+	fl.Lookup("listen").DefValue = "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1"
+	_ = fl.Set("api", "off")
+	fl.Lookup("api").DefValue = "off"
+}
+
 // natOptions turns the NAT flags into host options.
 func (f *upFlags) natOptions() ([]hpeer.Option, error) {
 	relays, err := hpeer.ParseRelayAddrs(f.relayAddrs)
