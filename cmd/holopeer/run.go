@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -210,11 +209,10 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	}
 
 	display := newTrainDisplay(o.Stdout, o.Quiet, spec.Steps, max(1, spec.Steps/20))
+	// Progress runs on the driver's goroutine: no locking needed.
 	var (
-		mu        sync.Mutex
-		lastPts   []api.Point
-		lastPub   time.Time
-		tokensAll int64
+		lastPts []api.Point
+		lastPub time.Time
 	)
 	store := &pipeline.DiskStore{Dir: filepath.Join(o.Out, "checkpoints")}
 	var drv *pipeline.Driver
@@ -230,15 +228,12 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 			b, _ := json.Marshal(rec)
 			lossLog.Write(append(b, '\n'))
 			display.update(rec)
-			mu.Lock()
 			lastPts = append(lastPts, api.Point{X: float64(p.Step), Y: p.Loss})
-			tokensAll = p.Tokens
 			publish := time.Since(lastPub) > time.Second || p.Step == p.Steps
 			pts := lastPts
 			if publish {
 				lastPts, lastPub = nil, time.Now()
 			}
-			mu.Unlock()
 			if publish {
 				n.ReportJob(ctx, jobStatus(spec, p, pts, n.Host().ID().String()))
 			}
@@ -270,7 +265,6 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	}
 	display.finish()
 	sum.Elapsed = time.Since(start).Seconds()
-	_ = tokensAll
 	p := drv.Plan()
 	sum.JobID, sum.Steps, sum.Codec = spec.JobID, spec.Steps, spec.Codec
 	for _, s := range p.Stages {

@@ -261,9 +261,8 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 		}
 		d.report(res)
 	}
-	for id, l := range d.links {
+	for _, l := range d.links {
 		_ = sendCtl(ctx, l, Ctl{Op: opDone})
-		_ = id
 	}
 	if err := d.coord.Release(ctx, d.cfg.Spec.JobID); err != nil {
 		d.log.Warn("could not release the job at the coordinator", "err", err)
