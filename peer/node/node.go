@@ -103,7 +103,8 @@ type Node struct {
 	runtime  *pipeline.Runtime
 	teeLabel string
 	jobs     jobBook
-	cancel   context.CancelFunc
+	cancel   context.CancelFunc // stops the background loops below
+	bg       sync.WaitGroup     // the background loops: jobs, election, presence
 	ledger   *ledger.Ledger
 	issuer   *ledger.Issuer
 	metrics  *metrics.Metrics
@@ -151,9 +152,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	go n.followJobs(bg)
-	go n.followElection(bg)
-	go n.countPresence(bg)
+	for _, loop := range []func(context.Context){n.followJobs, n.followElection, n.countPresence} {
+		n.bg.Add(1)
+		go func() {
+			defer n.bg.Done()
+			loop(bg)
+		}()
+	}
 	if cfg.API != "off" {
 		n.api = api.NewServer(n.Status, cfg.Logger)
 		n.api.Handle("POST /v1/probe", http.HandlerFunc(n.serveProbe))
@@ -306,15 +311,16 @@ func (n *Node) Close() error {
 	}
 	n.closed = true
 	n.mu.Unlock()
-	if n.cancel != nil {
-		n.cancel()
-	}
 	var errs []error
 	if n.api != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		errs = append(errs, n.api.Close(ctx))
 		cancel()
 	}
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.bg.Wait() // before the ledger they write to closes
 	errs = append(errs, n.closeReporting())
 	if n.runtime != nil {
 		errs = append(errs, n.runtime.Close())
