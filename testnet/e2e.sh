@@ -82,6 +82,19 @@ finish() {
 	for n in $(tn_containers all 2>/dev/null | awk '{ print $1 }'); do
 		docker logs "$(tn_cid "$n")" >"$LOG/container-$n.log" 2>&1 || true
 	done
+	# CI keeps only what is printed: on a failure, show the last status
+	# snapshot and each node's recent election lines, so the cause is there.
+	if [ $failed = 1 ]; then
+		local last
+		last=$(ls -t "$LOG"/status-*.txt 2>/dev/null | head -n1)
+		[ -z "$last" ] || { echo "e2e: last snapshot, $(basename "$last"):"; sed 's/^/  /' "$last"; }
+		for n in $(tn_containers all 2>/dev/null | awk '{ print $1 }'); do
+			local lines
+			lines=$(grep -E 'gossip: (following|no coordinator|message rejected|publish)|claim|took a stage|lost stage' \
+				"$LOG/container-$n.log" 2>/dev/null | tail -n 10 | cut -c1-260)
+			[ -z "$lines" ] || { echo "e2e: $n, last election lines:"; sed 's/^/  /' <<<"$lines"; }
+		done
+	fi
 	if [ $keep = 1 ]; then
 		teardown="kept up (--keep)"
 	elif "$TN_ROOT/testnet/down.sh" >"$LOG/down.log" 2>&1; then
