@@ -37,6 +37,9 @@ func benchWire(ctx context.Context, o benchOptions, emit func(benchRow)) error {
 	r := row("wire_goodput_noise_stream_MBps", g.StreamMBps, "MB/s", g.TCPMBps)
 	r.Note = fmt.Sprintf("Noise_XX records inside a libp2p stream (%s, yamux, TCP) on loopback; baseline: raw TCP socket, same bytes, same process; ratio is stream/TCP", g.Security)
 	emit(r)
+	r = row("wire_noise_record_layer_MBps", g.RecordLayerMBps, "MB/s", g.TCPMBps)
+	r.Note = "Noise records sealed and opened in memory on every core, no network: the ceiling of the stream above (both ends share these cores); baseline raw TCP, so this ratio bounds the stream's"
+	emit(r)
 	r = row("wire_goodput_fp32_link_MBps", g.LinkFP32MBps, "MB/s", g.TCPMBps)
 	r.Note = "Link.Send/Recv of fp32 tensors (stream plus codec); baseline raw TCP"
 	emit(r)

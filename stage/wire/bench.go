@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/flynn/noise"
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -55,6 +57,10 @@ type GoodputResult struct {
 	// TCP is the same payload bytes through a raw TCP socket on loopback
 	// in the same process, written in the same frame-sized pieces.
 	TCPMBps float64
+	// RecordLayer is sealing frames into records and opening them again
+	// in memory, on every core, with no network: the ceiling any Noise
+	// stream can reach on this machine, whatever carries it.
+	RecordLayerMBps float64
 	// Security is the libp2p transport security under the stage stream
 	// (the stage's own Noise session runs inside it).
 	Security string
@@ -105,6 +111,11 @@ func MeasureGoodput(ctx context.Context, o GoodputOptions) (GoodputResult, error
 		if err != nil {
 			return res, fmt.Errorf("fp32 link: %w", err)
 		}
+		records, err := recordLayerGoodput(o)
+		if err != nil {
+			return res, fmt.Errorf("record layer: %w", err)
+		}
+		res.RecordLayerMBps = max(res.RecordLayerMBps, records)
 		res.TCPMBps = max(res.TCPMBps, tcp)
 		res.StreamMBps = max(res.StreamMBps, stream)
 		res.LinkFP32MBps = max(res.LinkFP32MBps, link)
@@ -153,6 +164,32 @@ func tcpGoodput(ctx context.Context, o GoodputOptions) (float64, error) {
 		return 0, r.err
 	}
 	return float64(r.n) / r.end.Sub(start).Seconds() / 1e6, nil
+}
+
+// recordLayerGoodput seals frames into an in-memory buffer and opens them
+// again, for o.Duration: payload bytes through seal and open per second.
+func recordLayerGoodput(o GoodputOptions) (float64, error) {
+	var key [32]byte
+	_, _ = rand.Read(key[:])
+	var buf bytes.Buffer
+	w := newRecordWriter(noise.UnsafeNewCipherState(cipherSuite, key, 0), &buf, nil)
+	r := newRecordReader(noise.UnsafeNewCipherState(cipherSuite, key, 0), &buf, nil)
+	payload, into := make([]byte, o.FrameBytes), make([]byte, o.FrameBytes)
+	_, _ = rand.Read(payload)
+	h := header{Version: ProtocolVersion, Kind: KindForward, Codec: codec.FP32, Rows: 1, Cols: 1, Length: uint64(len(payload))}
+	var n int64
+	start := time.Now()
+	for time.Since(start) < o.Duration {
+		hh := h
+		if err := w.writeFrame(&hh, payload); err != nil {
+			return 0, err
+		}
+		if _, _, err := r.readFrame(func(*header) error { return nil }, func(int) ([]byte, error) { return into, nil }); err != nil {
+			return 0, err
+		}
+		n += int64(len(payload))
+	}
+	return float64(n) / time.Since(start).Seconds() / 1e6, nil
 }
 
 // benchLinks builds two loopback hosts with stage services and one link.
