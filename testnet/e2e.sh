@@ -88,6 +88,7 @@ finish() {
 		local last
 		last=$(ls -t "$LOG"/status-*.txt 2>/dev/null | head -n1)
 		[ -z "$last" ] || { echo "e2e: last snapshot, $(basename "$last"):"; sed 's/^/  /' "$last"; }
+		[ ! -s "$LOG/run.log" ] || { echo "e2e: holopeer run, last lines:"; tail -n 25 "$LOG/run.log" | cut -c1-300 | sed 's/^/  /'; }
 		for n in $(tn_containers all 2>/dev/null | awk '{ print $1 }'); do
 			local lines
 			lines=$(grep -E 'gossip: (following|no coordinator|message rejected|publish)|claim|took a stage|lost stage' \

@@ -406,35 +406,33 @@ func (s *Service) replace(ctx context.Context, term uint64, jobID, lost string, 
 		return nil, fmt.Errorf("unknown job %s", jobID)
 	}
 	old := js.plan
-	p := *old
-	p.Epoch, p.Term, p.Coordinator, p.IssuedAt = old.Epoch+1, term, s.cfg.Host.ID().String(), s.cfg.Clock().UTC()
-	if lost != "" && old.StageOf(lost) >= 0 {
-		offers := s.cfg.Offers()
-		busy := s.busy()
-		spares := slices.DeleteFunc(slices.Clone(old.Spares), func(x string) bool { return x == lost })
-		// Anyone on offer and idle may serve as a spare.
-		for _, o := range offers {
-			if !slices.Contains(busy, o.PeerID) && !slices.Contains(spares, o.PeerID) && o.PeerID != old.Researcher && o.PeerID != lost {
-				spares = append(spares, o.PeerID)
-			}
-		}
-		stages, left, err := Replace(old.Stages, spares, lost, offers, s.request(old.Spec, old.Researcher, nil))
-		if err != nil {
+	// gone starts as the lost node; a node that refuses (or cannot be
+	// reached with) the new plan joins it and the plan is made again, so
+	// two nodes lost at once are both replaced, not retried forever.
+	gone := []string{}
+	if lost != "" {
+		gone = append(gone, lost)
+	}
+	var p job.Plan
+	var signed []byte
+	for attempt := 0; ; attempt++ {
+		var err error
+		if p, err = s.plan(old, term, gone, resume); err != nil {
 			return nil, err
 		}
-		p.Stages, p.Spares, p.Gen = stages, left, old.Gen+1
-	}
-	if resume != 0 && resume != old.StartStep {
-		// The stages restart from a checkpoint: new links, whose step
-		// window starts there.
-		p.StartStep, p.Gen = resume, max(p.Gen, old.Gen+1)
-	}
-	signed, err := job.SignPlan(&p, s.cfg.Key)
-	if err != nil {
-		return nil, err
-	}
-	if refused := s.assignAll(ctx, &p, signed); len(refused) > 0 {
-		return nil, fmt.Errorf("nodes %v refused the new plan", refused)
+		if signed, err = job.SignPlan(&p, s.cfg.Key); err != nil {
+			return nil, err
+		}
+		refused := s.assignAll(ctx, &p, signed)
+		if len(refused) == 0 {
+			break
+		}
+		fresh := slices.DeleteFunc(slices.Clone(refused), func(x string) bool { return slices.Contains(gone, x) })
+		if len(fresh) == 0 || attempt >= 2 {
+			return nil, fmt.Errorf("nodes %v refused the new plan", refused)
+		}
+		s.log.Warn("nodes refused the new plan; placing around them", "job", jobID, "refused", fresh)
+		gone = append(gone, fresh...)
 	}
 	s.mu.Lock()
 	js.plan, js.signed = &p, signed
@@ -444,6 +442,39 @@ func (s *Service) replace(ctx context.Context, term uint64, jobID, lost string, 
 	s.mu.Unlock()
 	s.log.Info("re-planned a job", "job", jobID, "lost", short(lost), "epoch", p.Epoch, "gen", p.Gen)
 	return signed, nil
+}
+
+// plan makes the next plan from old in this coordinator's term: every node
+// in gone that holds a stage is replaced by a spare, and the stages restart
+// from resume when it moves.
+func (s *Service) plan(old *job.Plan, term uint64, gone []string, resume uint64) (job.Plan, error) {
+	p := *old
+	p.Epoch, p.Term, p.Coordinator, p.IssuedAt = old.Epoch+1, term, s.cfg.Host.ID().String(), s.cfg.Clock().UTC()
+	offers := s.cfg.Offers()
+	busy := s.busy()
+	for _, lost := range gone {
+		if p.StageOf(lost) < 0 {
+			continue
+		}
+		spares := slices.DeleteFunc(slices.Clone(p.Spares), func(x string) bool { return slices.Contains(gone, x) })
+		// Anyone on offer and idle may serve as a spare.
+		for _, o := range offers {
+			if !slices.Contains(busy, o.PeerID) && !slices.Contains(spares, o.PeerID) && o.PeerID != old.Researcher && !slices.Contains(gone, o.PeerID) {
+				spares = append(spares, o.PeerID)
+			}
+		}
+		stages, left, err := Replace(p.Stages, spares, lost, offers, s.request(old.Spec, old.Researcher, nil))
+		if err != nil {
+			return p, err
+		}
+		p.Stages, p.Spares, p.Gen = stages, left, old.Gen+1
+	}
+	if resume != 0 && resume != old.StartStep {
+		// The stages restart from a checkpoint: new links, whose step
+		// window starts there.
+		p.StartStep, p.Gen = resume, max(p.Gen, old.Gen+1)
+	}
+	return p, nil
 }
 
 func (s *Service) work(term uint64, from string, req Request) error {

@@ -27,5 +27,7 @@ echo "ci: testnet e2e (Docker $(docker version --format '{{.Server.Version}}' 2>
 # one-off scheduling stall is told apart from a regression; a regression
 # fails both attempts. Both verdicts stay in the log.
 if "$root/testnet/e2e.sh"; then exit 0; fi
-echo "ci: testnet e2e attempt 1 FAILED (diagnosis above); running it once more"
+cache=${TN_CACHE:-$root/testnet/.cache}
+rm -rf "$cache/e2e-attempt-1" && mv "$cache/e2e" "$cache/e2e-attempt-1" 2>/dev/null || true
+echo "ci: testnet e2e attempt 1 FAILED (diagnosis above; logs kept in $cache/e2e-attempt-1); running it once more"
 exec "$root/testnet/e2e.sh"
