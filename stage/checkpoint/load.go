@@ -244,38 +244,39 @@ func (c *Checkpoint) LoadStage(cfg model.Config, span model.Span, opts ...model.
 	if err := c.Check(cfg, span); err != nil {
 		return nil, err
 	}
-	st, err := model.NewStage(cfg, span, opts...)
+	refs := map[string]TensorRef{}
+	for _, ref := range StageTensors(cfg, span) {
+		refs[ref.Name] = ref
+	}
+	load := func(name string, shape []int, dst []float32) error {
+		ref, ok := refs[name]
+		if !ok || !slices.Equal(ref.Shape, shape) {
+			return fmt.Errorf("checkpoint: the stage asks for %s%v, which the loader does not list (model and checkpoint packages disagree)", name, shape)
+		}
+		return c.ReadTensor(ref, dst)
+	}
+	st, err := model.NewStage(cfg, span, append(slices.Clone(opts), model.WithValues(load))...)
 	if err != nil {
 		return nil, err
 	}
-	refs := StageTensors(cfg, span)
-	params := st.Params()
-	if len(refs) != len(params) {
+	if n := len(st.Params()); n != len(refs) {
 		st.Close()
-		return nil, fmt.Errorf("checkpoint: the stage has %d parameters, the loader expected %d (model and checkpoint packages disagree)", len(params), len(refs))
-	}
-	for i, p := range params {
-		ref := refs[i]
-		if p.Name != ref.Name || !slices.Equal(p.Shape, ref.Shape) {
-			st.Close()
-			return nil, fmt.Errorf("checkpoint: parameter %d is %s%v, the loader expected %s%v (model and checkpoint packages disagree)", i, p.Name, p.Shape, ref.Name, ref.Shape)
-		}
-		f, _ := c.file(ref) // Check found it
-		buf := make([]float32, p.Len())
-		if err := f.ReadFloat32(ref.Name, ref.Shape, buf); err != nil {
-			st.Close()
-			return nil, fmt.Errorf("%w: %s: %w", ErrTensor, ref.File, err)
-		}
-		if err := finite(ref.Name, buf); err != nil {
-			st.Close()
-			return nil, err
-		}
-		if err := p.Set(buf); err != nil {
-			st.Close()
-			return nil, fmt.Errorf("%w: %w", ErrTensor, err)
-		}
+		return nil, fmt.Errorf("checkpoint: the stage has %d parameters, the loader expected %d (model and checkpoint packages disagree)", n, len(refs))
 	}
 	return st, nil
+}
+
+// ReadTensor reads one tensor a stage needs into dst (len = its elements),
+// widening bf16/f16 to float32, and checks that every value is finite.
+func (c *Checkpoint) ReadTensor(ref TensorRef, dst []float32) error {
+	f, err := c.file(ref)
+	if err != nil {
+		return err
+	}
+	if err := f.ReadFloat32(ref.Name, ref.Shape, dst); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrTensor, ref.File, err)
+	}
+	return finite(ref.Name, dst)
 }
 
 // LoadStages loads one stage per span (model.EvenSpans, model.SpansAt).

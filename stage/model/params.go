@@ -56,6 +56,9 @@ func (p *Param) Data() []float32 {
 // GradData downloads the accumulated gradient.
 func (p *Param) GradData() []float32 {
 	out := make([]float32, p.Len())
+	if p.Grad == nil {
+		return out // an inference-only stage has accumulated nothing
+	}
 	p.be.Download(out, p.Grad)
 	return out
 }
@@ -78,6 +81,9 @@ func (p *Param) Set(data []float32) error {
 func (p *Param) SetGrad(data []float32) error {
 	if len(data) != p.Len() {
 		return fmt.Errorf("model: %s: %d gradient values for shape %v", p.Name, len(data), p.Shape)
+	}
+	if p.Grad == nil {
+		return ErrNoGrad
 	}
 	p.be.Upload(p.Grad, data)
 	return nil

@@ -48,9 +48,11 @@ func (s Span) validate(c Config) error {
 }
 
 type options struct {
-	be   tensor.Backend
-	seed uint64
-	set  map[string]bool
+	be     tensor.Backend
+	seed   uint64
+	noGrad bool
+	load   func(name string, shape []int, dst []float32) error
+	set    map[string]bool
 }
 
 // Option configures NewStage.
@@ -85,6 +87,35 @@ func WithSeed(seed uint64) Option {
 	}
 }
 
+// WithoutGrad builds a stage for inference only: it allocates no gradient
+// buffers, so a serving stage holds its weights and nothing else, and it
+// refuses a training forward pass.
+func WithoutGrad() Option {
+	return func(o *options) error {
+		o.noGrad = true
+		return once(o, "WithoutGrad")
+	}
+}
+
+// WithValues fills each parameter from load (a checkpoint, a stream)
+// instead of the seed's initialisation, one tensor at a time: no random
+// values are drawn only to be overwritten, and at most one tensor is held
+// on the host besides the stage itself. load is given the parameter's
+// name, shape and a buffer of its length to fill; the values must be
+// finite.
+func WithValues(load func(name string, shape []int, dst []float32) error) Option {
+	return func(o *options) error {
+		if load == nil {
+			return errors.New("model: nil value loader")
+		}
+		o.load = load
+		return once(o, "WithValues")
+	}
+}
+
+// ErrNoGrad is returned by a training call on a stage built WithoutGrad.
+var ErrNoGrad = errors.New("model: the stage was built without gradients (inference only)")
+
 // Stage is a contiguous piece of the model: some blocks, and the embedding
 // and/or head if its span says so. It is not safe for concurrent use; a
 // pipeline gives each stage one owner goroutine (stages sharing a backend
@@ -105,7 +136,8 @@ type Stage struct {
 	finalNorm *Param
 	head      *Param
 
-	saved map[int]*microbatch
+	saved  map[int]*microbatch
+	noGrad bool // built WithoutGrad: inference only
 }
 
 type block struct {
@@ -143,7 +175,7 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 		}
 		o.be = be
 	}
-	s := &Stage{cfg: cfg, span: span, be: o.be, byName: map[string]*Param{}, saved: map[int]*microbatch{}}
+	s := &Stage{cfg: cfg, span: span, be: o.be, noGrad: o.noGrad, byName: map[string]*Param{}, saved: map[int]*microbatch{}}
 	s.freq = s.be.Alloc(tensor.Float32, cfg.HeadDim()/2)
 	s.be.Upload(s.freq, RopeInvFreq(cfg))
 	if bc, ok := cfg.Basis(); ok {
@@ -160,14 +192,21 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 			Name:  spec.name,
 			Shape: spec.shape,
 			Value: s.be.Alloc(tensor.Float32, spec.size()),
-			Grad:  s.be.Alloc(tensor.Float32, spec.size()),
 			Decay: spec.decay,
 			Tied:  spec.tied,
 			be:    s.be,
 		}
-		s.be.Upload(p.Value, initValues(o.seed, spec))
+		if !o.noGrad {
+			p.Grad = s.be.Alloc(tensor.Float32, spec.size())
+		}
 		s.params = append(s.params, p)
 		s.byName[p.Name] = p
+		vals, err := s.initial(o, spec)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.be.Upload(p.Value, vals)
 	}
 	get := func(name string) *Param { return s.byName[name] }
 	if span.Embed {
@@ -217,6 +256,27 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 	return s, nil
 }
 
+// initial is a parameter's starting value: from the loader when one is
+// given (checked finite), else from the seed.
+func (s *Stage) initial(o options, spec paramSpec) ([]float32, error) {
+	if o.load == nil {
+		return initValues(o.seed, spec), nil
+	}
+	vals := make([]float32, spec.size())
+	if err := o.load(spec.name, spec.shape, vals); err != nil {
+		return nil, fmt.Errorf("model: %s: %w", spec.name, err)
+	}
+	for i, v := range vals {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return nil, fmt.Errorf("model: %s holds a non-finite value (%v) at element %d", spec.name, v, i)
+		}
+	}
+	return vals, nil
+}
+
+// Trainable reports whether the stage has gradient buffers.
+func (s *Stage) Trainable() bool { return !s.noGrad }
+
 // Config returns the model config, defaults filled in.
 func (s *Stage) Config() Config { return s.cfg }
 
@@ -242,6 +302,9 @@ func (s *Stage) Param(name string) (*Param, bool) {
 
 // ZeroGrad clears every accumulated gradient.
 func (s *Stage) ZeroGrad() {
+	if s.noGrad {
+		return
+	}
 	for _, p := range s.params {
 		s.be.Fill(p.Grad, 0)
 	}
@@ -272,7 +335,9 @@ func (s *Stage) Close() {
 	}
 	for _, p := range s.params {
 		s.be.Free(p.Value)
-		s.be.Free(p.Grad)
+		if p.Grad != nil {
+			s.be.Free(p.Grad)
+		}
 	}
 	if s.u != nil {
 		s.be.Free(s.u)
@@ -451,6 +516,9 @@ func (s *Stage) Forward(mb int, in Input) (Output, error) {
 	m := modeTrain
 	if in.NoGrad {
 		m = modeEval
+	}
+	if m == modeTrain && s.noGrad {
+		return Output{}, ErrNoGrad
 	}
 	if err := s.check(in, m); err != nil {
 		return Output{}, err

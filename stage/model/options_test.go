@@ -1,0 +1,78 @@
+package model_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/holopeer/holopeer/stage/model"
+)
+
+// A stage built WithValues from another stage's tensors computes the same
+// function, and WithoutGrad keeps inference working while refusing
+// training.
+func TestWithValuesWithoutGradServes(t *testing.T) {
+	cfg := tiny(2)
+	span := model.Span{First: 0, Last: 2, Embed: true, Head: true}
+	src, err := model.NewStage(cfg, span, model.WithSeed(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	load := func(name string, shape []int, dst []float32) error {
+		p, ok := src.Param(name)
+		if !ok || !slices.Equal(p.Shape, shape) {
+			t.Fatalf("asked for %s%v", name, shape)
+		}
+		copy(dst, p.Data())
+		return nil
+	}
+	st, err := model.NewStage(cfg, span, model.WithValues(load), model.WithoutGrad())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.Trainable() || !src.Trainable() {
+		t.Fatal("Trainable is wrong")
+	}
+	ins, _ := batch(cfg, 3)
+	in := ins[0]
+	in.NoGrad, in.Targets = true, nil
+	want, err := src.Forward(0, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.Forward(0, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want.Logits) == 0 || !slices.Equal(want.Logits, got.Logits) {
+		t.Fatal("a stage loaded WithValues computes another function")
+	}
+	in.NoGrad, in.Targets = false, ins[0].Targets
+	if _, err := st.Forward(1, in); !errors.Is(err, model.ErrNoGrad) {
+		t.Fatalf("training forward on an inference stage: %v, want ErrNoGrad", err)
+	}
+	st.ZeroGrad() // must not touch absent buffers
+}
+
+// A loader that fails or yields a non-finite value gets an error naming
+// the tensor, and nothing leaks.
+func TestWithValuesRefusesBadValues(t *testing.T) {
+	cfg := tiny(1)
+	span := model.Span{First: 0, Last: 1}
+	boom := errors.New("boom")
+	_, err := model.NewStage(cfg, span, model.WithValues(func(name string, _ []int, dst []float32) error { return boom }))
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v", err)
+	}
+	_, err = model.NewStage(cfg, span, model.WithValues(func(name string, _ []int, dst []float32) error {
+		dst[0] = float32(posInf())
+		return nil
+	}))
+	if err == nil {
+		t.Fatal("a non-finite value was accepted")
+	}
+}
+
+func posInf() float64 { var z float64; return 1 / z }
