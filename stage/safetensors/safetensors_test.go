@@ -564,3 +564,36 @@ func FuzzOpenReader(f *testing.F) {
 		}
 	})
 }
+
+// Sources read on demand encode byte for byte as tensors in memory, and
+// Layout's Size is what WriteTo writes, for every dtype.
+func TestEncodeSourcesMatchesEncode(t *testing.T) {
+	a := []float32{1, -2, 3.5, 4, 5, 6}
+	b := []float32{0.25}
+	for _, dt := range []DType{F32, BF16, F16} {
+		var want bytes.Buffer
+		if err := Encode(&want, []Tensor{{Name: "b", Shape: []int{1}, Data: b}, {Name: "a", Shape: []int{2, 3}, Data: a}}, map[string]string{"k": "v"}, WithDType(dt)); err != nil {
+			t.Fatal(err)
+		}
+		reads := 0
+		srcs := []Source{
+			{Name: "a", Shape: []int{2, 3}, Read: func(dst []float32) error { reads++; copy(dst, a); return nil }},
+			{Name: "b", Shape: []int{1}, Read: func(dst []float32) error { reads++; copy(dst, b); return nil }},
+		}
+		e, err := Layout(srcs, map[string]string{"k": "v"}, WithDType(dt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got bytes.Buffer
+		n, err := e.WriteTo(&got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != e.Size() || int64(got.Len()) != e.Size() || reads != 2 || !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Fatalf("%s: wrote %d of Size %d after %d reads; equal=%v", dt, n, e.Size(), reads, bytes.Equal(got.Bytes(), want.Bytes()))
+		}
+	}
+	if _, err := Layout([]Source{{Name: "x", Shape: []int{2}}}, nil); err == nil {
+		t.Fatal("a source with neither data nor reader was accepted")
+	}
+}

@@ -54,55 +54,134 @@ func Write(path string, tensors []Tensor, metadata map[string]string, opts ...Wr
 }
 
 // Encode writes tensors and metadata to w in the safetensors format, laid
-// out as Write lays out a file. It is how a stage's shard travels over the
-// network without touching disk.
+// out as Write lays out a file.
 func Encode(w io.Writer, tensors []Tensor, metadata map[string]string, opts ...WriteOption) error {
+	srcs := make([]Source, len(tensors))
+	for i, t := range tensors {
+		srcs[i] = Source{Name: t.Name, Shape: t.Shape, Data: t.Data}
+	}
+	return EncodeSources(w, srcs, metadata, opts...)
+}
+
+// Source is a tensor to encode: its values are in Data, or, when Data is
+// nil, Read fills a buffer of its length at the moment the encoder
+// reaches it. A stage's weights stream from a checkpoint file to a socket
+// this way, one tensor on the host at a time.
+type Source struct {
+	Name  string
+	Shape []int
+	Data  []float32
+	Read  func(dst []float32) error
+}
+
+// Encoded is a checked, laid-out list of sources: its Size is known before
+// a byte is written, so a stream can announce it.
+type Encoded struct {
+	sorted []Source
+	header []byte
+	dtype  DType
+}
+
+// Layout checks names and shapes and lays out the header.
+func Layout(tensors []Source, metadata map[string]string, opts ...WriteOption) (*Encoded, error) {
 	cfg := writeConfig{dtype: F32}
 	for _, o := range opts {
 		if o == nil {
 			continue
 		}
 		if err := o(&cfg); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	sorted, err := checkTensors(tensors)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	hdr, err := buildHeader(sorted, metadata, cfg.dtype)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return &Encoded{sorted: sorted, header: hdr, dtype: cfg.dtype}, nil
+}
+
+// Size is the number of bytes WriteTo writes.
+func (e *Encoded) Size() int64 {
+	n := int64(prefixSize + len(e.header))
+	for _, t := range e.sorted {
+		n += numel(t.Shape) * e.dtype.Size()
+	}
+	return n
+}
+
+// WriteTo writes the file: prefix, header, then each tensor in name order,
+// converted in bounded chunks.
+func (e *Encoded) WriteTo(w io.Writer) (int64, error) {
+	cw := &countWriter{w: w}
 	var prefix [prefixSize]byte
-	binary.LittleEndian.PutUint64(prefix[:], uint64(len(hdr)))
-	if _, err := w.Write(prefix[:]); err != nil {
-		return err
+	binary.LittleEndian.PutUint64(prefix[:], uint64(len(e.header)))
+	if _, err := cw.Write(prefix[:]); err != nil {
+		return cw.n, err
 	}
-	if _, err := w.Write(hdr); err != nil {
-		return err
+	if _, err := cw.Write(e.header); err != nil {
+		return cw.n, err
 	}
-	size := int(cfg.dtype.Size())
+	size := int(e.dtype.Size())
 	buf := make([]byte, readChunk)
 	per := readChunk / size
-	for _, t := range sorted {
-		for i := 0; i < len(t.Data); i += per {
-			chunk := t.Data[i:min(i+per, len(t.Data))]
+	for _, t := range e.sorted {
+		data := t.Data
+		if data == nil && numel(t.Shape) > 0 {
+			data = make([]float32, numel(t.Shape))
+			if err := t.Read(data); err != nil {
+				return cw.n, fmt.Errorf("safetensors: %s: %w", t.Name, err)
+			}
+		}
+		for i := 0; i < len(data); i += per {
+			chunk := data[i:min(i+per, len(data))]
 			b := buf[:len(chunk)*size]
-			encode(cfg.dtype, chunk, b)
-			if _, err := w.Write(b); err != nil {
-				return err
+			encode(e.dtype, chunk, b)
+			if _, err := cw.Write(b); err != nil {
+				return cw.n, err
 			}
 		}
 	}
-	return nil
+	return cw.n, nil
+}
+
+// EncodeSources writes sources and metadata to w (Layout, then WriteTo).
+func EncodeSources(w io.Writer, tensors []Source, metadata map[string]string, opts ...WriteOption) error {
+	e, err := Layout(tensors, metadata, opts...)
+	if err != nil {
+		return err
+	}
+	_, err = e.WriteTo(w)
+	return err
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func numel(shape []int) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	return n
 }
 
 // checkTensors validates names, shapes and data lengths and returns the
 // tensors sorted by name.
-func checkTensors(tensors []Tensor) ([]Tensor, error) {
+func checkTensors(tensors []Source) ([]Source, error) {
 	sorted := slices.Clone(tensors)
-	slices.SortFunc(sorted, func(a, b Tensor) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(sorted, func(a, b Source) int { return cmp.Compare(a.Name, b.Name) })
 	for i, t := range sorted {
 		if err := checkName(t.Name); err != nil {
 			return nil, fmt.Errorf("safetensors: write: %w", err)
@@ -110,31 +189,34 @@ func checkTensors(tensors []Tensor) ([]Tensor, error) {
 		if i > 0 && sorted[i-1].Name == t.Name {
 			return nil, fmt.Errorf("safetensors: write: tensor %q given twice", t.Name)
 		}
-		numel := int64(1)
+		n := int64(1)
 		for _, d := range t.Shape {
 			if d < 0 {
 				return nil, fmt.Errorf("safetensors: write: tensor %q: negative dimension in shape %v", t.Name, t.Shape)
 			}
-			if d != 0 && numel > math.MaxInt64/int64(d) {
+			if d != 0 && n > math.MaxInt64/16/int64(d) {
 				return nil, fmt.Errorf("safetensors: write: tensor %q: shape %v overflows", t.Name, t.Shape)
 			}
-			numel *= int64(d)
+			n *= int64(d)
 		}
-		if int64(len(t.Data)) != numel {
-			return nil, fmt.Errorf("safetensors: write: tensor %q: shape %v holds %d values, data has %d", t.Name, t.Shape, numel, len(t.Data))
+		switch {
+		case t.Data == nil && t.Read == nil && n > 0:
+			return nil, fmt.Errorf("safetensors: write: tensor %q has neither data nor a reader", t.Name)
+		case t.Data != nil && int64(len(t.Data)) != n:
+			return nil, fmt.Errorf("safetensors: write: tensor %q: shape %v holds %d values, data has %d", t.Name, t.Shape, n, len(t.Data))
 		}
 	}
 	return sorted, nil
 }
 
-func buildHeader(sorted []Tensor, metadata map[string]string, dt DType) ([]byte, error) {
+func buildHeader(sorted []Source, metadata map[string]string, dt DType) ([]byte, error) {
 	entries := make(map[string]any, len(sorted)+1)
 	if len(metadata) > 0 {
 		entries[MetadataKey] = metadata
 	}
 	var off int64
 	for _, t := range sorted {
-		n := int64(len(t.Data)) * dt.Size()
+		n := numel(t.Shape) * dt.Size()
 		shape := t.Shape
 		if shape == nil {
 			shape = []int{} // a scalar is "shape": [], never null
