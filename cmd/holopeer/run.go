@@ -215,8 +215,18 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 		lastPub time.Time
 	)
 	store := &pipeline.DiskStore{Dir: filepath.Join(o.Out, "checkpoints")}
+	var weights pipeline.WeightSource
+	if spec.FromCheckpoint {
+		w, err := openFineTune(m, spec)
+		if err != nil {
+			return sum, err
+		}
+		defer w.Close()
+		weights = w
+	}
 	var drv *pipeline.Driver
 	cfg := pipeline.DriverConfig{
+		Weights: weights,
 		Spec: spec, NewSource: newSource, Pseudonyms: perm, Checkpoints: store, StepLog: sum.StepLog,
 		Logger: n.Logger(),
 		Progress: func(p pipeline.Progress) {
@@ -328,6 +338,25 @@ func jobStatus(spec job.Spec, p pipeline.Progress, pts []api.Point, researcher s
 		}
 	}
 	return st
+}
+
+// openFineTune opens the checkpoint a swarm job starts from and checks,
+// from its headers, that it holds every tensor of the job's model.
+func openFineTune(m *manifest.Manifest, spec job.Spec) (*checkpoint.Checkpoint, error) {
+	if spec.Model.Subspace.Enabled() {
+		// The pseudonymised ids of a subspace job index embedding rows the
+		// checkpoint keeps in real order; moving them is not built yet.
+		return nil, errors.New("fine-tuning a checkpoint across the swarm with the subspace codec is not supported yet: use another pipeline.codec, or train --local")
+	}
+	ck, err := checkpoint.Open(m.Resolve(m.Model.Checkpoint))
+	if err != nil {
+		return nil, err
+	}
+	if err := ck.Check(spec.Model, model.Span{First: 0, Last: spec.Model.Layers, Embed: true, Head: true}); err != nil {
+		ck.Close()
+		return nil, fmt.Errorf("model.checkpoint does not fit the job: %w", err)
+	}
+	return ck, nil
 }
 
 // writeFinal assembles the last checkpoint's shards into one Hugging Face

@@ -300,7 +300,7 @@ func prepareServe(m *manifest.Manifest) (*servePlan, error) {
 			if sv.perm, err = pipeline.NewPermutation(cfg.Vocab, secret); err != nil {
 				return fail(err)
 			}
-			sv.weights = pseudonymHead{src: ck, perm: sv.perm, vocab: cfg.Vocab}
+			sv.weights = pseudonymHead{WeightSource: ck, perm: sv.perm, vocab: cfg.Vocab}
 		}
 	}
 	tokSpec := m.Tokenizer
@@ -346,15 +346,16 @@ func findSecret(dir string) ([]byte, bool) {
 // pseudonymHead reads a checkpoint whose head rows are in real token
 // order for a model that otherwise lives in pseudonym order (the factors
 // of a swarm-trained subspace model): it moves row t of the head to row
-// pseudonym(t) as it loads the head stage.
+// pseudonym(t) as it loads the head stage. Blocks stream through
+// unchanged.
 type pseudonymHead struct {
-	src   pipeline.WeightSource
+	pipeline.WeightSource
 	perm  *pipeline.Permutation
 	vocab int
 }
 
 func (p pseudonymHead) LoadStage(cfg model.Config, span model.Span, opts ...model.Option) (*model.Stage, error) {
-	st, err := p.src.LoadStage(cfg, span, opts...)
+	st, err := p.WeightSource.LoadStage(cfg, span, opts...)
 	if err != nil || !span.Head || span.Embed {
 		return st, err
 	}

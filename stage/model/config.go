@@ -200,6 +200,16 @@ func (c Config) ParamCount() int64 {
 	return total
 }
 
+// SpanParams is the number of scalars the stage of span holds (a tied
+// head counted when the span holds it).
+func (c Config) SpanParams(span Span) int64 {
+	var total int64
+	for _, p := range c.paramSpecs(span) {
+		total += int64(p.size())
+	}
+	return total
+}
+
 // RopeInvFreq returns the HeadDim/2 rotary inverse frequencies, computed in
 // float32 in the order transformers computes them (default and "llama3"
 // rope types), so Hugging Face checkpoints rotate by the same angles.

@@ -14,6 +14,24 @@ func (s *Stage) Tensors() []HostTensor {
 	return out
 }
 
+// LazyTensor is a tensor whose values are downloaded only when Read is
+// called: a shard streams from a stage one tensor at a time.
+type LazyTensor struct {
+	Name  string
+	Shape []int
+	Read  func(dst []float32)
+}
+
+// LazyTensors lists the stage's parameters under their Hugging Face names,
+// as Tensors does, without downloading them.
+func (s *Stage) LazyTensors() []LazyTensor {
+	out := make([]LazyTensor, 0, len(s.params))
+	for _, p := range s.params {
+		out = append(out, LazyTensor{Name: p.Name, Shape: cloneShape(p.Shape), Read: func(dst []float32) { s.be.Download(dst, p.Value) }})
+	}
+	return out
+}
+
 // ExportDense downloads the stage's weights as a dense Hugging Face Llama
 // model would hold them: a constrained projection as W = U·Z under its
 // .weight name, and a constrained embedding as Z_emb·Uᵀ + E_fix (V×d), so

@@ -128,6 +128,44 @@ func (a *AdamW) StateTensors(params []*model.Param) []model.HostTensor {
 	return out
 }
 
+// LazyState lists the moments StateTensors would download, each read
+// only when asked.
+func (a *AdamW) LazyState(params []*model.Param) []model.LazyTensor {
+	var out []model.LazyTensor
+	for _, p := range params {
+		m, ok := a.m[p.Name]
+		if !ok {
+			continue
+		}
+		for _, x := range []struct {
+			prefix string
+			buf    tensor.Buffer
+		}{{stateM, m}, {stateV, a.v[p.Name]}} {
+			out = append(out, model.LazyTensor{Name: x.prefix + p.Name, Shape: append([]int(nil), p.Shape...), Read: func(dst []float32) { a.be.Download(dst, x.buf) }})
+		}
+	}
+	return out
+}
+
+// Reset forgets every moment and the step count: a fresh optimizer.
+func (a *AdamW) Reset() {
+	for name, b := range a.m {
+		a.be.Free(b)
+		a.be.Free(a.v[name])
+	}
+	a.m, a.v, a.steps = map[string]tensor.Buffer{}, map[string]tensor.Buffer{}, 0
+}
+
+// IsState reports whether name is a moment tensor, and of which parameter.
+func IsState(name string) (param string, ok bool) {
+	for _, pre := range []string{stateM, stateV} {
+		if strings.HasPrefix(name, pre) {
+			return strings.TrimPrefix(name, pre), true
+		}
+	}
+	return "", false
+}
+
 // LoadState restores the step count and moments saved by StateTensors;
 // every tensor must name a parameter of params and match its size.
 func (a *AdamW) LoadState(steps int, params []*model.Param, state []model.HostTensor) error {

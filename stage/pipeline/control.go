@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 
 	"github.com/holopeer/holopeer/stage/wire"
 )
@@ -37,10 +39,11 @@ const (
 	opDone     = "done"     // driver: job finished; worker exits (no reply)
 	opLost     = "lost"     // worker → driver: link to Peer failed (no reply)
 	opError    = "error"    // either way: Err says why (no reply)
-	opBlob     = "blob"     // a blob of Size bytes with SHA-256 Hash follows in chunks
+	opBlob     = "blob"     // a blob of Size bytes follows in chunks, then opBlobEnd
 	opApplied  = "applied"  // worker → driver: step applied (reply to apply)
 	opRestored = "restored" // worker → driver: reset done (reply to restore)
 	opStats    = "stats"    // driver asks for the compute time and tokens so far (for receipts)
+	opBlobEnd  = "blobend"  // closes a blob: Hash is the SHA-256 of its bytes
 )
 
 // Ctl is one control message.
@@ -93,7 +96,7 @@ func decodeCtl(p []byte) (Ctl, error) {
 	return c, nil
 }
 
-func sendCtl(ctx context.Context, l *wire.Link, c Ctl) error {
+func sendCtl(ctx context.Context, l frameLink, c Ctl) error {
 	p, err := encodeCtl(c)
 	if err != nil {
 		return err
@@ -101,51 +104,149 @@ func sendCtl(ctx context.Context, l *wire.Link, c Ctl) error {
 	return l.Send(ctx, wire.Frame{Kind: wire.KindControl, Step: c.Step, Control: p})
 }
 
-// sendBlob announces and streams b as chunks after a Ctl whose Op is
-// opBlob; hdr carries the request's context (Name, Step).
-func sendBlob(ctx context.Context, l *wire.Link, hdr Ctl, b []byte) error {
-	sum := sha256.Sum256(b)
-	hdr.Op, hdr.Size, hdr.Hash = opBlob, int64(len(b)), sum[:]
+// frameLink is the part of a wire.Link a blob travels over.
+type frameLink interface {
+	Send(ctx context.Context, f wire.Frame) error
+	Recv(ctx context.Context) (wire.Frame, error)
+}
+
+// A blob travels as Ctl{Op: opBlob, Name, Size}, Size bytes of chunks,
+// then Ctl{Op: opBlobEnd, Hash}: the SHA-256 comes last, so that neither
+// side ever holds the blob whole (a shard streams from a stage's memory
+// to the researcher's disk). Sizes are 64-bit.
+
+// sendBlob announces and streams b.
+func sendBlob(ctx context.Context, l frameLink, hdr Ctl, b []byte) error {
+	return sendBlobFrom(ctx, l, hdr, int64(len(b)), func(w io.Writer) error {
+		_, err := w.Write(b)
+		return err
+	})
+}
+
+// sendBlobFrom announces a blob of size bytes and streams what write
+// writes, which must be exactly size bytes; hdr carries the request's
+// context (Name, Step, Gen).
+func sendBlobFrom(ctx context.Context, l frameLink, hdr Ctl, size int64, write func(io.Writer) error) error {
+	hdr.Op, hdr.Size, hdr.Hash = opBlob, size, nil
 	if err := sendCtl(ctx, l, hdr); err != nil {
 		return err
 	}
-	chunk := make([]byte, 0, wire.MaxControlPayload)
-	for off := 0; off < len(b); off += maxChunk {
-		chunk = append(chunk[:0], msgChunk)
-		chunk = append(chunk, b[off:min(off+maxChunk, len(b))]...)
-		if err := l.Send(ctx, wire.Frame{Kind: wire.KindControl, Step: hdr.Step, Control: chunk}); err != nil {
-			return err
+	cw := &chunkWriter{ctx: ctx, l: l, step: hdr.Step, h: sha256.New(), buf: make([]byte, 1, wire.MaxControlPayload)}
+	cw.buf[0] = msgChunk
+	if err := write(cw); err != nil {
+		return fmt.Errorf("pipeline: blob %q: %w", hdr.Name, err)
+	}
+	if err := cw.flush(); err != nil {
+		return err
+	}
+	if cw.n != size {
+		return fmt.Errorf("pipeline: blob %q: wrote %d bytes of the %d announced", hdr.Name, cw.n, size)
+	}
+	return sendCtl(ctx, l, Ctl{Op: opBlobEnd, Name: hdr.Name, Step: hdr.Step, Hash: cw.h.Sum(nil)})
+}
+
+// chunkWriter cuts what is written into chunk frames, hashing it.
+type chunkWriter struct {
+	ctx  context.Context
+	l    frameLink
+	step uint64
+	h    hash.Hash
+	buf  []byte // msgChunk, then up to maxChunk bytes
+	n    int64
+}
+
+func (c *chunkWriter) Write(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		k := min(len(p), maxChunk-(len(c.buf)-1))
+		c.buf = append(c.buf, p[:k]...)
+		p, written = p[k:], written+k
+		if len(c.buf)-1 == maxChunk {
+			if err := c.flush(); err != nil {
+				return written, err
+			}
 		}
+	}
+	return written, nil
+}
+
+func (c *chunkWriter) flush() error {
+	if len(c.buf) == 1 {
+		return nil
+	}
+	c.h.Write(c.buf[1:])
+	c.n += int64(len(c.buf) - 1)
+	err := c.l.Send(c.ctx, wire.Frame{Kind: wire.KindControl, Step: c.step, Control: c.buf})
+	c.buf = c.buf[:1]
+	return err
+}
+
+// ErrBlobTooLarge marks a blob larger than its receiver expects.
+var ErrBlobTooLarge = errors.New("pipeline: blob too large")
+
+// recvBlob reads the blob announced by hdr into memory, refusing one
+// larger than limit before allocating.
+func recvBlob(ctx context.Context, l frameLink, hdr Ctl, limit int64) ([]byte, error) {
+	if err := checkBlob(hdr, limit); err != nil {
+		return nil, err
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, hdr.Size))
+	if err := recvBlobTo(ctx, l, hdr, limit, buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func checkBlob(hdr Ctl, limit int64) error {
+	if hdr.Size < 0 || hdr.Size > limit {
+		return fmt.Errorf("%w: %q is %d bytes; at most %d were expected", ErrBlobTooLarge, hdr.Name, hdr.Size, limit)
 	}
 	return nil
 }
 
-// recvBlob reads the chunks of a blob announced by hdr, refusing one
-// larger than limit before allocating and checking its hash at the end.
-func recvBlob(ctx context.Context, l *wire.Link, hdr Ctl, limit int64) ([]byte, error) {
-	if hdr.Size < 0 || hdr.Size > limit {
-		return nil, fmt.Errorf("pipeline: blob %q of %d bytes exceeds the %d-byte limit", hdr.Name, hdr.Size, limit)
+// recvBlobTo copies the blob announced by hdr to w chunk by chunk,
+// refusing it before the first byte when it is larger than limit, and
+// checks the trailing SHA-256. w holds a blob only once this returns nil.
+func recvBlobTo(ctx context.Context, l frameLink, hdr Ctl, limit int64, w io.Writer) error {
+	if err := checkBlob(hdr, limit); err != nil {
+		return err
 	}
-	if len(hdr.Hash) != sha256.Size {
-		return nil, fmt.Errorf("pipeline: blob %q without a SHA-256", hdr.Name)
-	}
-	b := make([]byte, 0, hdr.Size)
-	for int64(len(b)) < hdr.Size {
+	h := sha256.New()
+	var got int64
+	for got < hdr.Size {
 		f, err := l.Recv(ctx)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if f.Kind != wire.KindControl || len(f.Control) == 0 || f.Control[0] != msgChunk {
-			return nil, fmt.Errorf("pipeline: blob %q interrupted by a %s frame", hdr.Name, f.Kind)
+			return fmt.Errorf("pipeline: blob %q interrupted by a %s frame", hdr.Name, f.Kind)
 		}
 		chunk := f.Control[1:]
-		if int64(len(b)+len(chunk)) > hdr.Size {
-			return nil, fmt.Errorf("pipeline: blob %q longer than announced", hdr.Name)
+		if got+int64(len(chunk)) > hdr.Size {
+			return fmt.Errorf("pipeline: blob %q longer than the %d bytes announced", hdr.Name, hdr.Size)
 		}
-		b = append(b, chunk...)
+		h.Write(chunk)
+		if _, err := w.Write(chunk); err != nil {
+			return fmt.Errorf("pipeline: blob %q: %w", hdr.Name, err)
+		}
+		got += int64(len(chunk))
 	}
-	if sum := sha256.Sum256(b); !bytes.Equal(sum[:], hdr.Hash) {
-		return nil, fmt.Errorf("pipeline: blob %q fails its SHA-256", hdr.Name)
+	f, err := l.Recv(ctx)
+	if err != nil {
+		return err
 	}
-	return b, nil
+	if f.Kind != wire.KindControl {
+		return fmt.Errorf("pipeline: blob %q not closed by its hash", hdr.Name)
+	}
+	end, err := decodeCtl(f.Control)
+	if err != nil || end.Op != opBlobEnd {
+		return fmt.Errorf("pipeline: blob %q not closed by its hash", hdr.Name)
+	}
+	if !bytes.Equal(h.Sum(nil), end.Hash) {
+		return fmt.Errorf("%w: %q", ErrBlobCorrupt, hdr.Name)
+	}
+	return nil
 }
+
+// ErrBlobCorrupt marks a blob whose bytes do not match its SHA-256.
+var ErrBlobCorrupt = errors.New("pipeline: blob fails its SHA-256")

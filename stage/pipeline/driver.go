@@ -1,11 +1,14 @@
 package pipeline
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -43,8 +46,14 @@ type DriverConfig struct {
 	// Pseudonyms maps token ids before they enter the model and leave this
 	// node (subspace jobs send ids to every stage); nil sends real ids.
 	Pseudonyms *Permutation
-	// Checkpoints stores shards; nil keeps them in memory only.
-	Checkpoints CheckpointStore
+	// Checkpoints is where shards are received and kept, on disk; nil
+	// uses a temporary directory removed when the run ends.
+	Checkpoints *DiskStore
+	// Weights are the job's initial weights when Spec.FromCheckpoint (a
+	// pretrained checkpoint to fine-tune): each stage node receives only
+	// its own blocks, streamed tensor by tensor, and the researcher loads
+	// its embedding and head from it. Required then; ignored otherwise.
+	Weights WeightSource
 	// Progress is called after every step (on the driver's goroutine).
 	Progress func(Progress)
 	// StepLog is where the driver logs applied steps and rollbacks.
@@ -116,6 +125,7 @@ type Driver struct {
 	// Tensor payload that crossed the researcher's boundaries, and the
 	// tokens it carried (both boundaries, both directions).
 	actBytes, actTokens int64
+	scratch             string // a temporary checkpoint directory to remove at the end
 }
 
 // stageFailure is a lost stage node.
@@ -142,17 +152,26 @@ func (rt *Runtime) NewDriver(cfg DriverConfig, coord Coordinator) (*Driver, erro
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 2 * time.Minute
 	}
+	if cfg.Spec.FromCheckpoint && cfg.Weights == nil {
+		return nil, errors.New("pipeline: a job that starts from a checkpoint needs its weights")
+	}
+	var scratch string
 	if cfg.Checkpoints == nil {
-		cfg.Checkpoints = NewMemoryStore()
+		dir, err := os.MkdirTemp("", "holopeer-checkpoints-")
+		if err != nil {
+			return nil, err
+		}
+		scratch, cfg.Checkpoints = dir, &DiskStore{Dir: dir}
 	}
 	d := &Driver{
 		rt: rt, cfg: cfg, coord: coord, self: rt.host.ID().String(),
-		log:    cfg.Logger.With("job", cfg.Spec.JobID),
-		linkCh: make(chan *wire.Link, 64),
-		planCh: make(chan *job.Plan, 4),
-		events: make(chan linkEvent, 256),
-		links:  map[peer.ID]*wire.Link{},
-		ready:  map[peer.ID]bool{},
+		log:     cfg.Logger.With("job", cfg.Spec.JobID),
+		linkCh:  make(chan *wire.Link, 64),
+		planCh:  make(chan *job.Plan, 4),
+		events:  make(chan linkEvent, 256),
+		links:   map[peer.ID]*wire.Link{},
+		ready:   map[peer.ID]bool{},
+		scratch: scratch,
 	}
 	c, _, err := newCodec(cfg.Spec)
 	if err != nil {
@@ -170,17 +189,22 @@ func (rt *Runtime) NewDriver(cfg DriverConfig, coord Coordinator) (*Driver, erro
 	return d, nil
 }
 
-// buildStages creates the researcher's embedding and head stages from the
-// seed.
+// buildStages creates the researcher's embedding and head stages at the
+// job's initial weights: the checkpoint's, or the seed's.
 func (d *Driver) buildStages() error {
 	spec := d.cfg.Spec
 	L := spec.Model.Layers
-	opts := []model.Option{model.WithBackend(d.rt.backend), model.WithSeed(spec.InitSeed)}
-	first, err := model.NewStage(spec.Model, model.Span{First: 0, Last: 0, Embed: true}, opts...)
+	build := func(sp model.Span) (*model.Stage, error) {
+		if spec.FromCheckpoint {
+			return d.cfg.Weights.LoadStage(spec.Model, sp, model.WithBackend(d.rt.backend))
+		}
+		return model.NewStage(spec.Model, sp, model.WithBackend(d.rt.backend), model.WithSeed(spec.InitSeed))
+	}
+	first, err := build(model.Span{First: 0, Last: 0, Embed: true})
 	if err != nil {
 		return err
 	}
-	last, err := model.NewStage(spec.Model, model.Span{First: L, Last: L, Head: true}, opts...)
+	last, err := build(model.Span{First: L, Last: L, Head: true})
 	if err != nil {
 		first.Close()
 		return err
@@ -228,10 +252,24 @@ func (d *Driver) Run(ctx context.Context) (err error) {
 	if err := d.connect(ctx); err != nil {
 		return err
 	}
+	if d.cfg.Spec.FromCheckpoint {
+		// Stage nodes build their blocks from the seed; checkpoint 0 of
+		// a fine-tune is the pretrained weights, sent to each.
+		if err := d.restoreStages(ctx, 0); err != nil {
+			var sf *stageFailure
+			if !errors.As(err, &sf) {
+				return err
+			}
+			if err := d.recover(ctx, sf.peer); err != nil {
+				return fmt.Errorf("recovery after losing %s: %w", short(sf.peer), err)
+			}
+		}
+	}
 	if err := d.resetSource(0); err != nil {
 		return err
 	}
-	// Checkpoint 0 is the seed: a stage restored to it re-initialises.
+	// Checkpoint 0 is the initial weights: the seed's (a stage restored to
+	// it re-initialises) or the pretrained checkpoint's.
 	for d.step < d.cfg.Spec.Steps {
 		res, err := d.runStep(ctx, d.step+1)
 		if err != nil {
@@ -428,7 +466,24 @@ func (d *Driver) adoptLink(ctx context.Context, l *wire.Link) {
 		d.retire(old)
 	}
 	d.links[l.RemotePeer()] = l
-	go readLink(ctx, l, d.events, 1<<30)
+	go readLink(ctx, l, d.events, d.blobRule(l.RemotePeer()))
+}
+
+// blobRule takes a stage node's shard into a file of the checkpoint store,
+// refusing one larger than its stage's share of the plan; gradients come
+// into memory.
+func (d *Driver) blobRule(from peer.ID) blobRule {
+	i := d.plan.StageOf(from.String())
+	if i < 0 {
+		return inMemory(0)
+	}
+	shard, grads, incoming := shardLimit(d.plan, i), gradsLimit(d.plan, i), d.cfg.Checkpoints.Incoming()
+	return func(h Ctl) (int64, string) {
+		if h.Name == opShard {
+			return shard, incoming
+		}
+		return grads, ""
+	}
 }
 
 // retire closes a link and keeps its byte counts for the totals.
@@ -781,14 +836,26 @@ func (d *Driver) applyEverywhere(ctx context.Context, k int, lr, scale float64) 
 }
 
 // checkpoint collects every stage's shard at the current step.
-func (d *Driver) checkpoint(ctx context.Context) error {
-	shards := make([][]byte, len(d.plan.Stages))
+func (d *Driver) checkpoint(ctx context.Context) (err error) {
+	shards := make([]string, len(d.plan.Stages))
+	defer func() {
+		if err != nil {
+			for _, f := range shards {
+				if f != "" {
+					os.Remove(f)
+				}
+			}
+		}
+	}()
 	for i, s := range d.plan.Stages {
 		err := d.await(ctx, s.Replicas[:1], Ctl{Op: opShard, Step: uint64(d.step)}, opShard, func(from peer.ID, ev linkEvent) error {
+			if ev.file == "" {
+				return fmt.Errorf("stage node %s sent its shard without a blob", from.ShortString())
+			}
+			shards[i] = ev.file
 			if ev.ctl.Step != uint64(d.step) {
 				return fmt.Errorf("stage node %s sent its shard of step %d, not %d", from.ShortString(), ev.ctl.Step, d.step)
 			}
-			shards[i] = ev.blob
 			return nil
 		})
 		if err != nil {
@@ -890,42 +957,8 @@ func (d *Driver) recover(ctx context.Context, lost string) error {
 		return err
 	}
 	c := d.ckptStep
-	shards, own, err := d.cfg.Checkpoints.Load(c)
-	if err != nil {
+	if err := d.restoreStages(ctx, c); err != nil {
 		return err
-	}
-	for i, s := range d.plan.Stages {
-		for _, r := range s.Replicas {
-			l, err := d.linkTo(r)
-			if err != nil {
-				return err
-			}
-			if c == 0 && !d.cfg.Spec.FromCheckpoint {
-				err = sendCtl(ctx, l, Ctl{Op: opRestore, Step: 0, Init: true})
-			} else {
-				if err = sendCtl(ctx, l, Ctl{Op: opRestore, Step: uint64(c)}); err == nil {
-					err = sendBlob(ctx, l, Ctl{Name: opRestore, Step: uint64(c)}, shards[i])
-				}
-			}
-			if err != nil {
-				return &stageFailure{peer: r, err: err}
-			}
-		}
-	}
-	if err := d.await(ctx, d.allStagePeers(), Ctl{}, opRestored, nil); err != nil {
-		return err
-	}
-	if c == 0 && !d.cfg.Spec.FromCheckpoint {
-		if err := d.buildStages(); err != nil {
-			return err
-		}
-	} else {
-		if _, err := decodeShard(own[0], d.first, d.optFirst); err != nil {
-			return err
-		}
-		if _, err := decodeShard(own[1], d.last, d.optLast); err != nil {
-			return err
-		}
 	}
 	d.tokens -= int64(d.step-c) * int64(d.cfg.Spec.Microbatches*d.cfg.Spec.MicrobatchTokens())
 	d.step = c
@@ -935,6 +968,87 @@ func (d *Driver) recover(ctx context.Context, lost string) error {
 	d.steplog.Rollback(d.plan.Epoch, uint64(c))
 	d.log.Info("recovered", "step", c, "gen", d.plan.Gen, "stages", stagesSummary(d.plan))
 	return nil
+}
+
+// restoreStages resets every stage node and the researcher's own stages
+// to checkpoint c. Checkpoint 0 is the job's initial weights: a job from
+// the seed has its stages re-initialise; a fine-tune streams each stage
+// its blocks from the pretrained checkpoint. A later one streams each
+// stage its shard file.
+func (d *Driver) restoreStages(ctx context.Context, c int) error {
+	var ck *Checkpoint
+	if c > 0 {
+		var err error
+		if ck, err = d.cfg.Checkpoints.Open(c); err != nil {
+			return err
+		}
+		if n := ck.Stages(); n != len(d.plan.Stages) {
+			return fmt.Errorf("pipeline: checkpoint %d holds %d stage shards, the plan has %d stages", c, n, len(d.plan.Stages))
+		}
+	}
+	for i, s := range d.plan.Stages {
+		for _, r := range s.Replicas {
+			l, err := d.linkTo(r)
+			if err != nil {
+				return err
+			}
+			if err := d.restoreStage(ctx, l, ck, c, i); err != nil {
+				var sf *stageFailure
+				if errors.As(err, &sf) {
+					return err
+				}
+				return &stageFailure{peer: r, err: err}
+			}
+		}
+	}
+	if err := d.await(ctx, d.allStagePeers(), Ctl{}, opRestored, nil); err != nil {
+		return err
+	}
+	if c == 0 {
+		return d.buildStages()
+	}
+	own, err := ck.Own()
+	if err != nil {
+		return err
+	}
+	if _, err := decodeShard(bytesReader(own[0]), d.first, d.optFirst); err != nil {
+		return err
+	}
+	_, err = decodeShard(bytesReader(own[1]), d.last, d.optLast)
+	return err
+}
+
+// restoreStage sends one stage node the restore of stage i to checkpoint
+// c (ck, nil for checkpoint 0).
+func (d *Driver) restoreStage(ctx context.Context, l *wire.Link, ck *Checkpoint, c, i int) error {
+	hdr := Ctl{Name: opRestore, Step: uint64(c)}
+	switch {
+	case c == 0 && !d.cfg.Spec.FromCheckpoint:
+		return sendCtl(ctx, l, Ctl{Op: opRestore, Step: 0, Init: true})
+	case c == 0:
+		sp := d.plan.Stages[i]
+		e, err := layoutSpan(d.cfg.Weights, d.cfg.Spec.Model, model.Span{First: sp.First, Last: sp.Last}, map[string]string{metaStep: "0", metaAdamSteps: "0"})
+		if err != nil {
+			return err
+		}
+		if err := sendCtl(ctx, l, Ctl{Op: opRestore, Step: 0}); err != nil {
+			return err
+		}
+		return sendBlobFrom(ctx, l, hdr, e.Size(), func(w io.Writer) error { _, err := e.WriteTo(w); return err })
+	default:
+		f, size, err := ck.Shard(i)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := sendCtl(ctx, l, Ctl{Op: opRestore, Step: uint64(c)}); err != nil {
+			return err
+		}
+		return sendBlobFrom(ctx, l, hdr, size, func(w io.Writer) error {
+			_, err := io.Copy(w, bufio.NewReaderSize(f, 1<<20))
+			return err
+		})
+	}
 }
 
 // resetSource rebuilds the data source positioned after step.
@@ -977,6 +1091,9 @@ func (d *Driver) close() {
 		delete(d.links, id)
 	}
 	d.steplog.Close()
+	if d.scratch != "" {
+		os.RemoveAll(d.scratch)
+	}
 	if d.plan != nil {
 		d.rt.mu.Lock()
 		if e := d.rt.byJob[d.plan.JobID]; e != nil && e.driver == d {

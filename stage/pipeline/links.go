@@ -1,11 +1,13 @@
 package pipeline
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -132,12 +134,23 @@ type linkEvent struct {
 	frame wire.Frame
 	ctl   *Ctl
 	blob  []byte
+	file  string // a spooled blob: the owner consumes and removes it
 	err   error
+}
+
+// blobRule says how a link's reader takes a blob announced by hdr: at most
+// limit bytes, into a file under spool when spool is set (a shard, a
+// stage's weights: never whole in memory), else into memory.
+type blobRule func(hdr Ctl) (limit int64, spool string)
+
+// inMemory takes every blob into memory, at most limit bytes.
+func inMemory(limit int64) blobRule {
+	return func(Ctl) (int64, string) { return limit, "" }
 }
 
 // readLink forwards a link's frames to out until the link ends, then sends
 // its error. Blobs are assembled here so that the owner sees one event.
-func readLink(ctx context.Context, l *wire.Link, out chan<- linkEvent, blobLimit int64) {
+func readLink(ctx context.Context, l *wire.Link, out chan<- linkEvent, rule blobRule) {
 	from := l.RemotePeer()
 	send := func(ev linkEvent) bool {
 		select {
@@ -155,32 +168,76 @@ func readLink(ctx context.Context, l *wire.Link, out chan<- linkEvent, blobLimit
 		}
 		ev := linkEvent{from: from, link: l, frame: f}
 		if f.Kind == wire.KindControl {
-			if ev.ctl, ev.blob, err = readCtl(ctx, l, f, blobLimit); err != nil {
+			if ev.ctl, ev.blob, ev.file, err = readCtl(ctx, l, f, rule); err != nil {
 				l.Close()
 				send(linkEvent{from: from, link: l, err: err})
 				return
 			}
 		}
 		if !send(ev) {
+			if ev.file != "" {
+				os.Remove(ev.file)
+			}
 			return
 		}
 	}
 }
 
 // readCtl decodes control frame f and, for a blob, receives the blob that
-// follows it on l (at most blobLimit bytes).
-func readCtl(ctx context.Context, l *wire.Link, f wire.Frame, blobLimit int64) (*Ctl, []byte, error) {
-	c, err := decodeCtl(f.Control)
+// follows it on l as rule says: into memory, or into a spool file whose
+// path it returns.
+func readCtl(ctx context.Context, l frameLink, f wire.Frame, rule blobRule) (c *Ctl, blob []byte, file string, err error) {
+	ctl, err := decodeCtl(f.Control)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	var blob []byte
-	if c.Op == opBlob {
-		if blob, err = recvBlob(ctx, l, c, blobLimit); err != nil {
-			return nil, nil, err
+	if ctl.Op == opBlobEnd {
+		return nil, nil, "", errors.New("pipeline: a blob's end without its start")
+	}
+	if ctl.Op != opBlob {
+		return &ctl, nil, "", nil
+	}
+	limit, spool := rule(ctl)
+	if spool == "" {
+		blob, err = recvBlob(ctx, l, ctl, limit)
+		return &ctl, blob, "", err
+	}
+	file, err = spoolBlob(ctx, l, ctl, limit, spool)
+	return &ctl, nil, file, err
+}
+
+// spoolBlob receives a blob into a new file under dir, synced, and
+// returns its path; on any error the file is removed.
+func spoolBlob(ctx context.Context, l frameLink, hdr Ctl, limit int64, dir string) (path string, err error) {
+	if err := checkBlob(hdr, limit); err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("pipeline: spool blob %q: %w", hdr.Name, err)
+	}
+	f, err := os.CreateTemp(dir, "blob-*")
+	if err != nil {
+		return "", fmt.Errorf("pipeline: spool blob %q: %w", hdr.Name, err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("pipeline: spool blob %q: %w", hdr.Name, cerr)
 		}
+		if err != nil {
+			os.Remove(f.Name())
+		}
+	}()
+	w := bufio.NewWriterSize(f, 1<<20)
+	if err := recvBlobTo(ctx, l, hdr, limit, w); err != nil {
+		return "", err
 	}
-	return &c, blob, nil
+	if err := w.Flush(); err != nil {
+		return "", fmt.Errorf("pipeline: spool blob %q: %w", hdr.Name, err)
+	}
+	if err := f.Sync(); err != nil {
+		return "", fmt.Errorf("pipeline: spool blob %q: %w", hdr.Name, err)
+	}
+	return f.Name(), nil
 }
 
 // errLinkLost marks a neighbour link that ended.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -13,17 +14,37 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/safetensors"
 	"github.com/holopeer/holopeer/stage/wire"
 	"github.com/holopeer/holopeer/stage/wire/codec"
 )
 
-// WeightSource reads the weights of one span of the model: the
-// researcher's checkpoint (*checkpoint.Checkpoint reads only the span's
-// tensors, by offset).
+// WeightSource reads the weights of the model from the researcher's
+// checkpoint (*checkpoint.Checkpoint reads only what is asked, by
+// offset): whole stages for the researcher's own embedding and head, one
+// tensor at a time for the blocks it streams to a stage node.
 type WeightSource interface {
 	LoadStage(cfg model.Config, span model.Span, opts ...model.Option) (*model.Stage, error)
+	// Check verifies from the headers that every tensor of span is there.
+	Check(cfg model.Config, span model.Span) error
+	ReadTensor(ref checkpoint.TensorRef, dst []float32) error
+}
+
+// layoutSpan lays out span's tensors, each read from src only when the
+// encoder reaches it: a stage's weights stream from the checkpoint file to
+// its socket, one tensor on the researcher's host at a time.
+func layoutSpan(src WeightSource, cfg model.Config, span model.Span, meta map[string]string) (*safetensors.Encoded, error) {
+	if err := src.Check(cfg, span); err != nil {
+		return nil, err
+	}
+	var ts []safetensors.Source
+	for _, ref := range checkpoint.StageTensors(cfg, span) {
+		ts = append(ts, safetensors.Source{Name: ref.Name, Shape: ref.Shape, Read: func(dst []float32) error { return src.ReadTensor(ref, dst) }})
+	}
+	return safetensors.Layout(ts, meta)
 }
 
 // ServeConfig is the researcher's side of a serving job.
@@ -453,21 +474,13 @@ func (s *Server) sendWeights(ctx context.Context, l *wire.Link) error {
 	if i < 0 {
 		return fmt.Errorf("pipeline: %s asked for weights but holds no stage", l.RemotePeer().ShortString())
 	}
-	b, ok := s.weights[i]
-	if !ok {
-		sp := s.plan.Stages[i]
-		st, err := s.cfg.Weights.LoadStage(s.cfg.Spec.Model, model.Span{First: sp.First, Last: sp.Last}, model.WithBackend(s.rt.backend))
-		if err != nil {
-			return fmt.Errorf("pipeline: read blocks %d-%d: %w", sp.First, sp.Last-1, err)
-		}
-		b, err = encodeWeights(st)
-		st.Close()
-		if err != nil {
-			return err
-		}
-		s.weights[i] = b
+	sp := s.plan.Stages[i]
+	e, err := layoutSpan(s.cfg.Weights, s.cfg.Spec.Model, model.Span{First: sp.First, Last: sp.Last}, nil)
+	if err != nil {
+		return fmt.Errorf("pipeline: read blocks %d-%d: %w", sp.First, sp.Last-1, err)
 	}
-	if err := sendBlob(ctx, l, Ctl{Name: opWeights, Gen: s.plan.Gen}, b); err != nil {
+	send := func(w io.Writer) error { _, err := e.WriteTo(w); return err }
+	if err := sendBlobFrom(ctx, l, Ctl{Name: opWeights, Gen: s.plan.Gen}, e.Size(), send); err != nil {
 		return &serveFailure{peer: l.RemotePeer().String(), err: err}
 	}
 	return nil
@@ -485,7 +498,7 @@ func (s *Server) adoptLink(ctx context.Context, l *wire.Link) {
 	s.links[l.RemotePeer()] = l
 	seq := s.plan.StartStep - min(s.plan.StartStep, 1)
 	s.linkSeq[l] = &seq
-	go readServeLink(ctx, l, s.events, 1<<20)
+	go readServeLink(ctx, l, s.events, inMemory(1<<20))
 }
 
 // Generate runs one sequence: prompt (real token ids) continued by up to

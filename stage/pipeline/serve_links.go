@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math"
+	"io"
+	"os"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/safetensors"
 	"github.com/holopeer/holopeer/stage/tensor"
@@ -24,6 +26,7 @@ type serveEvent struct {
 	frame wire.Frame
 	ctl   *Ctl
 	blob  []byte
+	file  string // a spooled blob: the owner consumes and removes it
 	err   error
 }
 
@@ -31,7 +34,7 @@ type serveEvent struct {
 // ends, then sends its error. A batch message and the forward frame after
 // it arrive as one event; a frame without its message, or one whose rows
 // do not match it, ends the link.
-func readServeLink(ctx context.Context, l *wire.Link, out chan<- serveEvent, blobLimit int64) {
+func readServeLink(ctx context.Context, l *wire.Link, out chan<- serveEvent, rule blobRule) {
 	from := l.RemotePeer()
 	send := func(ev serveEvent) bool {
 		select {
@@ -74,7 +77,7 @@ func readServeLink(ctx context.Context, l *wire.Link, out chan<- serveEvent, blo
 				}
 			}
 		default:
-			if ev.ctl, ev.blob, err = readCtl(ctx, l, f, blobLimit); err != nil {
+			if ev.ctl, ev.blob, ev.file, err = readCtl(ctx, l, f, rule); err != nil {
 				fail(err)
 				return
 			}
@@ -116,39 +119,38 @@ func encodeWeights(st *model.Stage) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// decodeWeights builds the stage of cfg covering span from a weights
-// blob, checking that it holds every parameter at its shape with finite
-// values before the stage is handed out.
-func decodeWeights(b []byte, cfg model.Config, span model.Span, be tensor.Backend) (*model.Stage, error) {
-	f, err := safetensors.OpenReader(bytes.NewReader(b), int64(len(b)))
-	if err != nil {
-		return nil, fmt.Errorf("pipeline: weights: %w", err)
-	}
-	st, err := model.NewStage(cfg, span, model.WithBackend(be))
+// loadWeightsFile builds the serving stage of cfg covering span from a
+// received weights file, tensor by tensor (decodeWeights).
+func loadWeightsFile(path string, cfg model.Config, span model.Span, be tensor.Backend) (*model.Stage, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	params := st.Params()
-	if n := len(f.Tensors()); n != len(params) {
-		st.Close()
-		return nil, fmt.Errorf("pipeline: weights hold %d tensors, blocks %d-%d need %d", n, span.First, span.Last-1, len(params))
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
 	}
-	for _, p := range params {
-		buf := make([]float32, p.Len())
-		if err := f.ReadFloat32(p.Name, p.Shape, buf); err != nil {
-			st.Close()
-			return nil, fmt.Errorf("pipeline: weights: %w", err)
-		}
-		for i, v := range buf {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				st.Close()
-				return nil, fmt.Errorf("pipeline: weights: %s holds a non-finite value at %d", p.Name, i)
-			}
-		}
-		if err := p.Set(buf); err != nil {
-			st.Close()
-			return nil, err
-		}
+	return decodeWeights(io.NewSectionReader(f, 0, st.Size()), cfg, span, be)
+}
+
+// decodeWeights builds the serving stage of cfg covering span from a
+// weights blob: built for inference (no gradients), each parameter read
+// straight from the blob (no random initialisation), which must hold
+// exactly the stage's tensors at their shapes with finite values.
+func decodeWeights(r *io.SectionReader, cfg model.Config, span model.Span, be tensor.Backend) (*model.Stage, error) {
+	f, err := safetensors.OpenReader(r, r.Size())
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: weights: %w", err)
+	}
+	want := checkpoint.StageTensors(cfg, span)
+	if n := len(f.Tensors()); n != len(want) {
+		return nil, fmt.Errorf("pipeline: weights hold %d tensors, blocks %d-%d need %d", n, span.First, span.Last-1, len(want))
+	}
+	load := func(name string, shape []int, dst []float32) error { return f.ReadFloat32(name, shape, dst) }
+	st, err := model.NewStage(cfg, span, model.WithBackend(be), model.WithoutGrad(), model.WithValues(load))
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: weights: %w", err)
 	}
 	return st, nil
 }

@@ -130,7 +130,7 @@ func FuzzDecodeWeights(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := decodeWeights(b, cfg, span, be)
+		st, err := decodeWeights(bytesReader(b), cfg, span, be)
 		if err == nil {
 			st.Close()
 		}

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/holopeer/holopeer/stage/job"
@@ -163,13 +164,14 @@ func (w *serveWorker) adopt(ctx context.Context, l *wire.Link) {
 	}
 	seq := w.plan.StartStep - min(w.plan.StartStep, 1)
 	w.linkSeq[l] = &seq
-	go readServeLink(ctx, l, w.events, w.blobLimit())
+	go readServeLink(ctx, l, w.events, w.blobRule())
 }
 
-// blobLimit bounds the weights blob: the span's parameters and room for
-// the safetensors header.
-func (w *serveWorker) blobLimit() int64 {
-	return int64(spanBytes(w.plan, w.stage)) + 16<<20
+// blobRule spools the weights to a file, refusing more than the span's
+// parameters and a header.
+func (w *serveWorker) blobRule() blobRule {
+	limit, spool := weightsLimit(w.plan, w.stage), w.rt.spoolDir(w.plan.JobID)
+	return func(Ctl) (int64, string) { return limit, spool }
 }
 
 func (w *serveWorker) linkEnded(ctx context.Context, ev serveEvent) {
@@ -227,16 +229,17 @@ func (w *serveWorker) handle(ctx context.Context, ev serveEvent) (stop bool, err
 		if c.Name != opWeights {
 			return false, fmt.Errorf("unexpected blob %q", c.Name)
 		}
+		defer os.Remove(ev.file)
 		if c.Gen != w.plan.Gen || w.st != nil {
 			return false, nil // for a placement or a load we no longer have
 		}
 		sp := w.plan.Stages[w.stage]
-		st, err := decodeWeights(ev.blob, w.plan.Spec.Model, model.Span{First: sp.First, Last: sp.Last}, w.be)
+		st, err := loadWeightsFile(ev.file, w.plan.Spec.Model, model.Span{First: sp.First, Last: sp.Last}, w.be)
 		if err != nil {
 			return false, err
 		}
 		w.st = st
-		w.log.Info("weights loaded", "blocks", fmt.Sprintf("%d-%d", sp.First, sp.Last-1), "bytes", len(ev.blob))
+		w.log.Info("weights loaded", "blocks", fmt.Sprintf("%d-%d", sp.First, sp.Last-1), "bytes", c.Size)
 		return false, nil
 	case opStats:
 		return false, sendCtl(ctx, ev.link, Ctl{Op: opStats, Step: c.Step, ComputeS: w.compute.Seconds(), Tokens: w.tokens})

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"bytes"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 
 	"github.com/holopeer/holopeer/stage/model"
@@ -21,30 +23,52 @@ const (
 	gradPrefix    = "grad."
 )
 
-// encodeShard serialises a stage's parameters and optimizer state.
-func encodeShard(st *model.Stage, opt *optim.AdamW, step uint64) ([]byte, error) {
-	var ts []safetensors.Tensor
-	for _, t := range st.Tensors() {
-		ts = append(ts, safetensors.Tensor(t))
-	}
-	for _, t := range opt.StateTensors(st.Params()) {
-		ts = append(ts, safetensors.Tensor(t))
+// layoutShard lays out a stage's parameters and optimizer state as a
+// shard without downloading them: the shard streams one tensor at a time
+// (layoutShard(...).WriteTo), and its size is known before it is sent.
+func layoutShard(st *model.Stage, opt *optim.AdamW, step uint64) (*safetensors.Encoded, error) {
+	var ts []safetensors.Source
+	for _, t := range append(st.LazyTensors(), opt.LazyState(st.Params())...) {
+		read := t.Read
+		ts = append(ts, safetensors.Source{Name: t.Name, Shape: t.Shape, Read: func(dst []float32) error { read(dst); return nil }})
 	}
 	meta := map[string]string{
 		metaStep:      strconv.FormatUint(step, 10),
 		metaAdamSteps: strconv.Itoa(opt.Steps()),
 	}
-	var buf bytes.Buffer
-	if err := safetensors.Encode(&buf, ts, meta); err != nil {
+	e, err := safetensors.Layout(ts, meta)
+	if err != nil {
 		return nil, fmt.Errorf("pipeline: encode shard: %w", err)
+	}
+	return e, nil
+}
+
+// encodeShard serialises a stage's parameters and optimizer state in
+// memory (the researcher's own small stages).
+func encodeShard(st *model.Stage, opt *optim.AdamW, step uint64) ([]byte, error) {
+	e, err := layoutShard(st, opt, step)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	buf.Grow(int(e.Size()))
+	if _, err := e.WriteTo(&buf); err != nil {
+		return nil, err
 	}
 	return buf.Bytes(), nil
 }
 
-// decodeShard loads a shard into st and opt, checking that it holds every
-// parameter of the stage at its shape. It returns the shard's step.
-func decodeShard(b []byte, st *model.Stage, opt *optim.AdamW) (uint64, error) {
-	f, err := safetensors.OpenReader(bytes.NewReader(b), int64(len(b)))
+func bytesReader(b []byte) *io.SectionReader {
+	return io.NewSectionReader(bytes.NewReader(b), 0, int64(len(b)))
+}
+
+// decodeShard loads a shard into st and opt, one tensor at a time. The
+// header is checked first: it must hold every parameter of the stage at
+// its shape and nothing but their moments, so a wrong shard changes
+// nothing. A shard without moments (a pretrained checkpoint's weights)
+// starts a fresh optimizer. It returns the shard's step.
+func decodeShard(r *io.SectionReader, st *model.Stage, opt *optim.AdamW) (uint64, error) {
+	f, err := safetensors.OpenReader(r, r.Size())
 	if err != nil {
 		return 0, fmt.Errorf("pipeline: shard: %w", err)
 	}
@@ -58,32 +82,51 @@ func decodeShard(b []byte, st *model.Stage, opt *optim.AdamW) (uint64, error) {
 		return 0, fmt.Errorf("pipeline: shard has no valid %s", metaAdamSteps)
 	}
 	params := st.Params()
-	values := make([][]float32, len(params))
-	for i, p := range params {
-		values[i] = make([]float32, p.Len())
-		if err := f.ReadFloat32(p.Name, p.Shape, values[i]); err != nil {
-			return 0, fmt.Errorf("pipeline: shard: %w", err)
+	for _, p := range params {
+		info, ok := f.Info(p.Name)
+		if !ok {
+			return 0, fmt.Errorf("pipeline: shard: %w: %q", safetensors.ErrMissing, p.Name)
+		}
+		if !slices.Equal(info.Shape, p.Shape) {
+			return 0, fmt.Errorf("pipeline: shard: %w: %q is %v, the stage needs %v", safetensors.ErrShape, p.Name, info.Shape, p.Shape)
 		}
 	}
-	var state []model.HostTensor
+	var state []safetensors.TensorInfo
 	for _, info := range f.Tensors() {
 		if _, ok := st.Param(info.Name); ok {
 			continue
 		}
+		name, ok := optim.IsState(info.Name)
+		p, held := st.Param(name)
+		if !ok || !held || !slices.Equal(info.Shape, p.Shape) {
+			return 0, fmt.Errorf("pipeline: shard holds %q %v, which is no state of this stage", info.Name, info.Shape)
+		}
+		state = append(state, info)
+	}
+	// The header fits the stage: load tensor by tensor.
+	opt.Reset()
+	for _, p := range params {
+		buf := make([]float32, p.Len())
+		if err := f.ReadFloat32(p.Name, p.Shape, buf); err != nil {
+			return 0, fmt.Errorf("pipeline: shard: %w", err)
+		}
+		if err := p.Set(buf); err != nil {
+			return 0, err
+		}
+	}
+	for _, info := range state {
 		t, err := f.ReadTensor(info.Name)
 		if err != nil {
 			return 0, fmt.Errorf("pipeline: shard: %w", err)
 		}
-		state = append(state, model.HostTensor(t))
-	}
-	// Everything is read and shaped: only now change the stage.
-	for i, p := range params {
-		if err := p.Set(values[i]); err != nil {
+		if err := opt.LoadState(adamSteps, params, []model.HostTensor{model.HostTensor(t)}); err != nil {
 			return 0, err
 		}
 	}
-	if err := opt.LoadState(adamSteps, params, state); err != nil {
-		return 0, err
+	if len(state) == 0 {
+		if err := opt.LoadState(0, params, nil); err != nil {
+			return 0, err
+		}
 	}
 	return step, nil
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,55 +19,22 @@ import (
 	"github.com/holopeer/holopeer/stage/optim"
 )
 
-// CheckpointStore keeps the shards the driver collects at each checkpoint.
-// Load returns those of a step Save stored (the latest is enough for
-// recovery).
-type CheckpointStore interface {
-	Save(step int, plan *job.Plan, shards [][]byte, own [2][]byte) error
-	Load(step int) (shards [][]byte, own [2][]byte, err error)
-}
-
-// ErrNoCheckpoint is returned by Load for a step that was not saved.
+// ErrNoCheckpoint is returned for a step that was not saved.
 var ErrNoCheckpoint = errors.New("pipeline: no such checkpoint")
 
-// MemoryStore keeps the latest checkpoint in memory.
-type MemoryStore struct {
-	mu     sync.Mutex
-	step   int
-	shards [][]byte
-	own    [2][]byte
-	ok     bool
-}
-
-// NewMemoryStore returns an empty store.
-func NewMemoryStore() *MemoryStore { return &MemoryStore{} }
-
-func (m *MemoryStore) Save(step int, _ *job.Plan, shards [][]byte, own [2][]byte) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.step, m.shards, m.own, m.ok = step, shards, own, true
-	return nil
-}
-
-func (m *MemoryStore) Load(step int) ([][]byte, [2][]byte, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if step == 0 && (!m.ok || m.step != 0) {
-		return nil, [2][]byte{}, nil // the seed: stages re-initialise
-	}
-	if !m.ok || m.step != step {
-		return nil, [2][]byte{}, fmt.Errorf("%w: step %d", ErrNoCheckpoint, step)
-	}
-	return m.shards, m.own, nil
-}
-
-// DiskStore writes each checkpoint to DIR/step-NNNNNN/ (one safetensors
-// file per stage, the researcher's own two, the plan, and a manifest of
-// SHA-256 sums), published by an atomic rename, and keeps the latest in
-// memory for fast recovery.
+// DiskStore keeps a job's checkpoints on the researcher's disk, one
+// directory per step, DIR/step-NNNNNN/: one safetensors file per stage,
+// the researcher's own two, the plan, and a manifest of SHA-256 sums. A
+// stage's shard is received straight into a file under Incoming and moved
+// in; a checkpoint is published by an atomic rename once every file is
+// whole, so a failure (a full disk) leaves the previous one intact. No
+// shard is ever held in memory.
 type DiskStore struct {
 	Dir string
-	mem MemoryStore
+
+	mu     sync.Mutex
+	latest int // newest step saved by this process
+	ok     bool
 }
 
 // CheckpointManifest lists a checkpoint's files and their SHA-256.
@@ -77,26 +45,51 @@ type CheckpointManifest struct {
 	Files   map[string]string `json:"files"` // name → hex SHA-256
 }
 
-func (s *DiskStore) Save(step int, plan *job.Plan, shards [][]byte, own [2][]byte) error {
+// Incoming is where shards being received are spooled: inside Dir, so
+// that Save moves them in with a rename.
+func (s *DiskStore) Incoming() string { return filepath.Join(s.Dir, ".incoming") }
+
+func stepDir(dir string, step int) string { return filepath.Join(dir, fmt.Sprintf("step-%06d", step)) }
+
+func shardName(i int) string { return fmt.Sprintf("stage-%02d.safetensors", i) }
+
+// Save publishes checkpoint step of plan: shards are the received files of
+// every stage, in stage order (moved into the checkpoint, or removed if it
+// fails), own the researcher's embedding and head.
+func (s *DiskStore) Save(step int, plan *job.Plan, shards []string, own [2][]byte) (err error) {
+	defer func() {
+		for _, f := range shards {
+			os.Remove(f) // moved in, or abandoned with the checkpoint
+		}
+		if err != nil {
+			if prev, ok := s.Latest(); ok {
+				err = fmt.Errorf("%w (checkpoint %d is intact)", err, prev)
+			}
+		}
+	}()
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	final := filepath.Join(s.Dir, fmt.Sprintf("step-%06d", step))
 	tmp, err := os.MkdirTemp(s.Dir, ".tmp-step-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
 	man := CheckpointManifest{Step: step, JobID: plan.JobID, Written: time.Now().UTC(), Files: map[string]string{}}
+	for i, f := range shards {
+		sum, err := fileSHA256(f)
+		if err != nil {
+			return err
+		}
+		man.Files[shardName(i)] = sum
+		if err := os.Rename(f, filepath.Join(tmp, shardName(i))); err != nil {
+			return err
+		}
+	}
 	write := func(name string, b []byte) error {
 		sum := sha256.Sum256(b)
 		man.Files[name] = hex.EncodeToString(sum[:])
-		return os.WriteFile(filepath.Join(tmp, name), b, 0o600)
-	}
-	for i, b := range shards {
-		if err := write(fmt.Sprintf("stage-%02d.safetensors", i), b); err != nil {
-			return err
-		}
+		return writeSynced(filepath.Join(tmp, name), b)
 	}
 	if err := write("researcher-embed.safetensors", own[0]); err != nil {
 		return err
@@ -109,9 +102,10 @@ func (s *DiskStore) Save(step int, plan *job.Plan, shards [][]byte, own [2][]byt
 		return err
 	}
 	mb, _ := json.MarshalIndent(man, "", "  ")
-	if err := os.WriteFile(filepath.Join(tmp, "manifest.json"), mb, 0o600); err != nil {
+	if err := writeSynced(filepath.Join(tmp, "manifest.json"), mb); err != nil {
 		return err
 	}
+	final := stepDir(s.Dir, step)
 	os.RemoveAll(final)
 	if err := os.Rename(tmp, final); err != nil {
 		return err
@@ -119,62 +113,126 @@ func (s *DiskStore) Save(step int, plan *job.Plan, shards [][]byte, own [2][]byt
 	latest := filepath.Join(s.Dir, "latest")
 	os.Remove(latest)
 	_ = os.Symlink(filepath.Base(final), latest)
-	return s.mem.Save(step, plan, shards, own)
-}
-
-func (s *DiskStore) Load(step int) ([][]byte, [2][]byte, error) {
-	if sh, own, err := s.mem.Load(step); err == nil {
-		return sh, own, nil
+	s.mu.Lock()
+	prev, had := s.latest, s.ok
+	s.latest, s.ok = step, true
+	s.mu.Unlock()
+	if had && prev != step {
+		os.RemoveAll(stepDir(s.Dir, prev)) // only the newest is needed to recover
 	}
-	return ReadCheckpoint(filepath.Join(s.Dir, fmt.Sprintf("step-%06d", step)))
+	return nil
 }
 
-// ReadCheckpoint loads a checkpoint directory, checking every file against
-// its manifest.
-func ReadCheckpoint(dir string) ([][]byte, [2][]byte, error) {
-	var own [2][]byte
+// Latest is the newest step this store saved.
+func (s *DiskStore) Latest() (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.latest, s.ok
+}
+
+// Checkpoint is one saved step, its files checked against its manifest as
+// they are opened.
+type Checkpoint struct {
+	Dir string
+	man CheckpointManifest
+}
+
+// Open opens checkpoint step.
+func (s *DiskStore) Open(step int) (*Checkpoint, error) { return OpenCheckpoint(stepDir(s.Dir, step)) }
+
+// OpenCheckpoint reads a checkpoint directory's manifest.
+func OpenCheckpoint(dir string) (*Checkpoint, error) {
 	mb, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
 	if err != nil {
-		return nil, own, fmt.Errorf("%w: %v", ErrNoCheckpoint, err)
+		return nil, fmt.Errorf("%w: %v", ErrNoCheckpoint, err)
 	}
 	var man CheckpointManifest
 	if err := json.Unmarshal(mb, &man); err != nil {
-		return nil, own, fmt.Errorf("checkpoint %s: manifest: %w", dir, err)
+		return nil, fmt.Errorf("checkpoint %s: manifest: %w", dir, err)
 	}
-	read := func(name string) ([]byte, error) {
-		want, ok := man.Files[name]
-		if !ok {
-			return nil, fmt.Errorf("checkpoint %s: %s not in its manifest", dir, name)
+	return &Checkpoint{Dir: dir, man: man}, nil
+}
+
+// Stages is the number of stage shards.
+func (c *Checkpoint) Stages() int {
+	n := 0
+	for ; ; n++ {
+		if _, ok := c.man.Files[shardName(n)]; !ok {
+			return n
 		}
-		b, err := os.ReadFile(filepath.Join(dir, name))
+	}
+}
+
+// Shard opens stage i's shard after checking it against the manifest (a
+// streaming pass: a corrupt file is refused before a byte is sent).
+func (c *Checkpoint) Shard(i int) (*os.File, int64, error) {
+	name := shardName(i)
+	want, ok := c.man.Files[name]
+	if !ok {
+		return nil, 0, fmt.Errorf("checkpoint %s: %s not in its manifest", c.Dir, name)
+	}
+	path := filepath.Join(c.Dir, name)
+	if sum, err := fileSHA256(path); err != nil {
+		return nil, 0, err
+	} else if sum != want {
+		return nil, 0, fmt.Errorf("checkpoint %s: %s is corrupt (SHA-256 mismatch)", c.Dir, name)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, st.Size(), nil
+}
+
+// Own reads the researcher's embedding and head shards.
+func (c *Checkpoint) Own() ([2][]byte, error) {
+	var own [2][]byte
+	for i, name := range []string{"researcher-embed.safetensors", "researcher-head.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(c.Dir, name))
 		if err != nil {
-			return nil, err
+			return own, err
 		}
 		sum := sha256.Sum256(b)
-		if hex.EncodeToString(sum[:]) != want {
-			return nil, fmt.Errorf("checkpoint %s: %s is corrupt (SHA-256 mismatch)", dir, name)
+		if hex.EncodeToString(sum[:]) != c.man.Files[name] {
+			return own, fmt.Errorf("checkpoint %s: %s is corrupt (SHA-256 mismatch)", c.Dir, name)
 		}
-		return b, nil
+		own[i] = b
 	}
-	var shards [][]byte
-	for i := 0; ; i++ {
-		name := fmt.Sprintf("stage-%02d.safetensors", i)
-		if _, ok := man.Files[name]; !ok {
-			break
-		}
-		b, err := read(name)
-		if err != nil {
-			return nil, own, err
-		}
-		shards = append(shards, b)
+	return own, nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
 	}
-	if own[0], err = read("researcher-embed.safetensors"); err != nil {
-		return nil, own, err
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
 	}
-	if own[1], err = read("researcher-head.safetensors"); err != nil {
-		return nil, own, err
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func writeSynced(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
 	}
-	return shards, own, nil
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // Permutation pseudonymises token ids. A subspace job sends every stage
@@ -239,37 +297,33 @@ func (p *Permutation) mapIDs(ids []int32, table []int32) []int32 {
 	return out
 }
 
-// AssembleStages rebuilds the whole model from a store's latest
+// AssembleStages rebuilds the whole model from the store's latest
 // checkpoint of plan p, on the cpu backend: the researcher's embedding
 // stage, every block stage, and its head stage, in order, with their
-// optimizers. The caller closes the stages. It is how the researcher
-// writes the final model; the blocks come from the researcher's own
-// checkpoint files, never from a stage node.
-func AssembleStages(store CheckpointStore, p *job.Plan) ([]*model.Stage, []*optim.AdamW, error) {
-	step := int(p.Spec.Steps)
-	if ds, ok := store.(*DiskStore); ok {
-		ds.mem.mu.Lock()
-		if ds.mem.ok {
-			step = ds.mem.step
-		}
-		ds.mem.mu.Unlock()
+// optimizers. The caller closes the stages. It reads the researcher's own
+// checkpoint files, never a stage node.
+func AssembleStages(store *DiskStore, p *job.Plan) ([]*model.Stage, []*optim.AdamW, error) {
+	step, ok := store.Latest()
+	if !ok {
+		step = int(p.Spec.Steps)
 	}
-	shards, own, err := store.Load(step)
+	c, err := store.Open(step)
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(shards) != len(p.Stages) {
-		return nil, nil, fmt.Errorf("pipeline: checkpoint has %d stage shards, the plan %d stages", len(shards), len(p.Stages))
+	if n := c.Stages(); n != len(p.Stages) {
+		return nil, nil, fmt.Errorf("pipeline: checkpoint has %d stage shards, the plan %d stages", n, len(p.Stages))
+	}
+	own, err := c.Own()
+	if err != nil {
+		return nil, nil, err
 	}
 	cfg, L := p.Spec.Model, p.Spec.Model.Layers
 	spans := []model.Span{{First: 0, Last: 0, Embed: true}}
-	blobs := [][]byte{own[0]}
-	for i, s := range p.Stages {
+	for _, s := range p.Stages {
 		spans = append(spans, model.Span{First: s.First, Last: s.Last})
-		blobs = append(blobs, shards[i])
 	}
 	spans = append(spans, model.Span{First: L, Last: L, Head: true})
-	blobs = append(blobs, own[1])
 	var stages []*model.Stage
 	var opts []*optim.AdamW
 	fail := func(err error) ([]*model.Stage, []*optim.AdamW, error) {
@@ -288,7 +342,20 @@ func AssembleStages(store CheckpointStore, p *job.Plan) ([]*model.Stage, []*opti
 		if err != nil {
 			return fail(err)
 		}
-		if _, err := decodeShard(blobs[i], st, opt); err != nil {
+		switch {
+		case i == 0:
+			_, err = decodeShard(bytesReader(own[0]), st, opt)
+		case i == len(spans)-1:
+			_, err = decodeShard(bytesReader(own[1]), st, opt)
+		default:
+			var f *os.File
+			var size int64
+			if f, size, err = c.Shard(i - 1); err == nil {
+				_, err = decodeShard(io.NewSectionReader(f, 0, size), st, opt)
+				f.Close()
+			}
+		}
+		if err != nil {
 			return fail(fmt.Errorf("stage %d: %w", i, err))
 		}
 		opts = append(opts, opt)

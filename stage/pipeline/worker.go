@@ -2,7 +2,10 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"time"
 
 	"github.com/holopeer/holopeer/stage/job"
@@ -126,13 +129,20 @@ const connectAttempts = 30
 // adopt takes a link (opened or accepted) into the worker.
 func (w *Worker) adopt(ctx context.Context, l *wire.Link) {
 	if _, ok := w.take(l); ok {
-		go readLink(ctx, l, w.events, w.blobLimit())
+		go readLink(ctx, l, w.events, w.blobRule())
 	}
 }
 
-func (w *Worker) blobLimit() int64 {
-	// A shard holds parameters and two moments; leave room for headers.
-	return int64(spanBytes(w.plan, w.stage)) + 64<<20
+// blobRule spools a restore's shard to a file, refusing more than the
+// stage's weights and moments; summed gradients come into memory.
+func (w *Worker) blobRule() blobRule {
+	shard, grads, spool := shardLimit(w.plan, w.stage), gradsLimit(w.plan, w.stage), w.rt.spoolDir(w.plan.JobID)
+	return func(h Ctl) (int64, string) {
+		if h.Name == opRestore {
+			return shard, spool
+		}
+		return grads, ""
+	}
 }
 
 // linkEnded handles a link that failed or closed; it returns true when
@@ -242,7 +252,10 @@ func (w *Worker) control(ctx context.Context, ev linkEvent) (stop bool, err erro
 		case opGradSum:
 			return false, setGrads(ev.blob, w.st)
 		case opRestore:
-			step, err := decodeShard(ev.blob, w.st, w.opt)
+			if ev.file == "" {
+				return false, errors.New("a restore without its shard file")
+			}
+			step, err := w.restoreFile(ev.file)
 			if err != nil {
 				return false, err
 			}
@@ -258,11 +271,12 @@ func (w *Worker) control(ctx context.Context, ev linkEvent) (stop bool, err erro
 		w.st.ZeroGrad()
 		return false, nil
 	case opShard:
-		b, err := encodeShard(w.st, w.opt, w.applied)
+		e, err := layoutShard(w.st, w.opt, w.applied)
 		if err != nil {
 			return false, err
 		}
-		return false, sendBlob(ctx, home, Ctl{Name: opShard, Step: w.applied}, b)
+		send := func(wr io.Writer) error { _, err := e.WriteTo(wr); return err }
+		return false, sendBlobFrom(ctx, home, Ctl{Name: opShard, Step: w.applied}, e.Size(), send)
 	case opRestore:
 		// Init: back to the seed (restore to step 0 of a job that started
 		// from scratch); otherwise a blob named restore follows.
@@ -278,6 +292,21 @@ func (w *Worker) control(ctx context.Context, ev linkEvent) (stop bool, err erro
 		return true, nil
 	}
 	return false, fmt.Errorf("unknown control op %q", c.Op)
+}
+
+// restoreFile loads a received shard file into the stage and removes it.
+func (w *Worker) restoreFile(path string) (uint64, error) {
+	defer os.Remove(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return decodeShard(io.NewSectionReader(f, 0, fi.Size()), w.st, w.opt)
 }
 
 func (w *Worker) restored(ctx context.Context, home *wire.Link, step uint64) error {
@@ -311,6 +340,7 @@ func (w *Worker) apply(ctx context.Context, home *wire.Link, c Ctl) error {
 
 func (w *Worker) shutdown() {
 	w.closeLinks()
+	os.RemoveAll(w.rt.spoolDir(w.plan.JobID))
 	if w.st != nil {
 		w.st.Close()
 	}
