@@ -227,7 +227,7 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	var drv *pipeline.Driver
 	cfg := pipeline.DriverConfig{
 		Weights: weights,
-		Spec: spec, NewSource: newSource, Pseudonyms: perm, Checkpoints: store, StepLog: sum.StepLog,
+		Spec:    spec, NewSource: newSource, Pseudonyms: perm, Checkpoints: store, StepLog: sum.StepLog,
 		Logger: n.Logger(),
 		Progress: func(p pipeline.Progress) {
 			rec := stepRecord{Step: p.Step, Loss: p.Loss, LR: p.LR, GradNorm: p.GradNorm, Tokens: p.Tokens, Elapsed: p.Elapsed.Seconds()}
