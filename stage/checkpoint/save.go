@@ -107,10 +107,37 @@ func Capture(stages []*model.Stage, optimizers []*optim.AdamW) (Snapshot, error)
 type SaveOption func(*saveConfig) error
 
 type saveConfig struct {
-	dtype   safetensors.DType
-	tok     tokenizer.Tokenizer
-	tokFile string
-	set     map[string]bool
+	dtype      safetensors.DType
+	tok        tokenizer.Tokenizer
+	tokFile    string
+	shardBytes int64
+	progress   func(done, total int64)
+	set        map[string]bool
+}
+
+// DefaultShardBytes is where the weights of a large model are cut into
+// shards listed by model.safetensors.index.json, as transformers does.
+const DefaultShardBytes = 2 << 30
+
+// WithShardBytes cuts the weights into shards of at most n bytes (a
+// tensor larger than n gets a shard of its own).
+func WithShardBytes(n int64) SaveOption {
+	return func(c *saveConfig) error {
+		if n <= 0 {
+			return errors.New("checkpoint: shard size must be positive")
+		}
+		c.shardBytes = n
+		return saveOnce(c, "WithShardBytes")
+	}
+}
+
+// WithProgress is called after each tensor is written with the bytes of
+// weights written so far and in all.
+func WithProgress(f func(done, total int64)) SaveOption {
+	return func(c *saveConfig) error {
+		c.progress = f
+		return saveOnce(c, "WithProgress")
+	}
 }
 
 func saveOnce(c *saveConfig, name string) error {
@@ -157,18 +184,62 @@ func WithTokenizer(tok tokenizer.Tokenizer) SaveOption {
 // or the new one, never a mix. An existing dir is replaced only if it
 // holds nothing but checkpoint files.
 func Save(dir string, snap Snapshot, opts ...SaveOption) error {
-	sc := saveConfig{dtype: safetensors.F32, set: map[string]bool{}}
+	sc, err := newSaveConfig(opts)
+	if err != nil {
+		return err
+	}
+	if err := snap.check(); err != nil {
+		return err
+	}
+	return sc.install(dir, func(tmp string) error { return sc.writeFiles(tmp, snap) })
+}
+
+// SaveSources writes a dense model of cfg to dir in the Hugging Face
+// layout as Save does, each tensor read from dense only when it is
+// written: a model larger than memory (a random initialisation, shards
+// streamed from the stage nodes' checkpoint files) never sits whole on
+// the host. dense must hold every tensor of the dense model.
+func SaveSources(dir string, cfg model.Config, dense []safetensors.Source, opts ...SaveOption) error {
+	sc, err := newSaveConfig(opts)
+	if err != nil {
+		return err
+	}
+	cfg.Subspace = model.SubspaceConfig{}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	have := map[string][]int{}
+	for _, t := range dense {
+		have[t.Name] = t.Shape
+	}
+	for _, ref := range StageTensors(cfg, model.Whole(cfg)) {
+		if shape, ok := have[ref.Name]; !ok || !slices.Equal(shape, ref.Shape) {
+			return fmt.Errorf("checkpoint: the sources lack dense tensor %s%v (have %v)", ref.Name, ref.Shape, shape)
+		}
+	}
+	return sc.install(dir, func(tmp string) error {
+		if err := sc.writeConfig(tmp, cfg); err != nil {
+			return err
+		}
+		return sc.writeModel(tmp, cfg, dense)
+	})
+}
+
+func newSaveConfig(opts []SaveOption) (saveConfig, error) {
+	sc := saveConfig{dtype: safetensors.F32, shardBytes: DefaultShardBytes, set: map[string]bool{}}
 	for _, o := range opts {
 		if o == nil {
 			continue
 		}
 		if err := o(&sc); err != nil {
-			return err
+			return sc, err
 		}
 	}
-	if err := snap.check(); err != nil {
-		return err
-	}
+	return sc, nil
+}
+
+// install fills a temporary directory beside dir and swaps it in.
+func (sc *saveConfig) install(dir string, fill func(tmp string) error) error {
 	if err := replaceable(dir); err != nil {
 		return err
 	}
@@ -181,7 +252,7 @@ func Save(dir string, snap Snapshot, opts ...SaveOption) error {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	defer os.RemoveAll(tmp) // after a successful swap it holds the old checkpoint, or nothing
-	if err := sc.writeFiles(tmp, snap); err != nil {
+	if err := fill(tmp); err != nil {
 		return err
 	}
 	if err := syncDir(tmp); err != nil {
@@ -231,8 +302,123 @@ func (s Snapshot) check() error {
 }
 
 func (sc *saveConfig) writeFiles(dir string, snap Snapshot) error {
-	hf := NewHFConfig(snap.Config, sc.dtype)
-	if !snap.Config.Subspace.Enabled() {
+	if err := sc.writeConfig(dir, snap.Config); err != nil {
+		return err
+	}
+	dense := make([]safetensors.Source, len(snap.Dense))
+	for i, t := range snap.Dense {
+		dense[i] = safetensors.Source{Name: t.Name, Shape: t.Shape, Data: t.Data}
+	}
+	dcfg := snap.Config
+	dcfg.Subspace = model.SubspaceConfig{}
+	if err := sc.writeModel(dir, dcfg, dense); err != nil {
+		return err
+	}
+	if len(snap.Factors) > 0 {
+		if err := safetensors.Write(filepath.Join(dir, FactorsFile), hostTensors(snap.Factors), nil); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	if len(snap.Optimizer) > 0 {
+		if err := safetensors.Write(filepath.Join(dir, OptimizerFile), hostTensors(snap.Optimizer), nil); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	if snap.State != nil {
+		if err := writeJSON(filepath.Join(dir, StateFile), snap.State); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeModel writes the dense weights in model order: one
+// model.safetensors, or shards of at most shardBytes and their index.
+func (sc *saveConfig) writeModel(dir string, cfg model.Config, dense []safetensors.Source) error {
+	byName := map[string]safetensors.Source{}
+	for _, t := range dense {
+		byName[t.Name] = t
+	}
+	var ordered []safetensors.Source
+	var total int64
+	seen := map[string]bool{}
+	for _, ref := range StageTensors(cfg, model.Whole(cfg)) {
+		if seen[ref.Name] {
+			continue // a tied head is the embedding
+		}
+		seen[ref.Name] = true
+		ordered = append(ordered, byName[ref.Name])
+		total += numel(ref.Shape) * sc.dtype.Size()
+	}
+	var shards [][]safetensors.Source
+	var cur int64
+	for _, t := range ordered {
+		n := numel(t.Shape) * sc.dtype.Size()
+		if len(shards) == 0 || cur > 0 && cur+n > sc.shardBytes {
+			shards, cur = append(shards, nil), 0
+		}
+		shards[len(shards)-1] = append(shards[len(shards)-1], t)
+		cur += n
+	}
+	var done int64
+	report := func(srcs []safetensors.Source) []safetensors.Source {
+		if sc.progress == nil {
+			return srcs
+		}
+		out := make([]safetensors.Source, len(srcs))
+		for i, t := range srcs {
+			n := numel(t.Shape) * sc.dtype.Size()
+			read, data := t.Read, t.Data
+			t.Data, t.Read = nil, func(dst []float32) error {
+				if data != nil {
+					copy(dst, data)
+				} else if err := read(dst); err != nil {
+					return err
+				}
+				done += n
+				sc.progress(done, total)
+				return nil
+			}
+			out[i] = t
+		}
+		return out
+	}
+	meta := map[string]string{"format": "pt"} // what transformers' save_pretrained writes
+	if len(shards) == 1 {
+		if err := safetensors.WriteSources(filepath.Join(dir, ModelFile), report(shards[0]), meta, safetensors.WithDType(sc.dtype)); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		return nil
+	}
+	weightMap := map[string]string{}
+	for i, srcs := range shards {
+		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
+		if err := safetensors.WriteSources(filepath.Join(dir, name), report(srcs), meta, safetensors.WithDType(sc.dtype)); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		for _, t := range srcs {
+			weightMap[t.Name] = name
+		}
+	}
+	return writeJSON(filepath.Join(dir, ModelIndexFile), map[string]any{
+		"metadata":   map[string]any{"total_size": total},
+		"weight_map": weightMap,
+	})
+}
+
+func numel(shape []int) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	return n
+}
+
+// writeConfig writes config.json, generation_config.json and the
+// tokenizer for a model of cfg.
+func (sc *saveConfig) writeConfig(dir string, cfg model.Config) error {
+	hf := NewHFConfig(cfg, sc.dtype)
+	if !cfg.Subspace.Enabled() {
 		hf.Holopeer = nil
 	}
 	var gen map[string]any
@@ -259,25 +445,6 @@ func (sc *saveConfig) writeFiles(dir string, snap Snapshot) error {
 	}
 	if gen != nil {
 		if err := writeJSON(filepath.Join(dir, GenerationFile), gen); err != nil {
-			return err
-		}
-	}
-	meta := map[string]string{"format": "pt"} // what transformers' save_pretrained writes
-	if err := safetensors.Write(filepath.Join(dir, ModelFile), hostTensors(snap.Dense), meta, safetensors.WithDType(sc.dtype)); err != nil {
-		return fmt.Errorf("checkpoint: %w", err)
-	}
-	if len(snap.Factors) > 0 {
-		if err := safetensors.Write(filepath.Join(dir, FactorsFile), hostTensors(snap.Factors), nil); err != nil {
-			return fmt.Errorf("checkpoint: %w", err)
-		}
-	}
-	if len(snap.Optimizer) > 0 {
-		if err := safetensors.Write(filepath.Join(dir, OptimizerFile), hostTensors(snap.Optimizer), nil); err != nil {
-			return fmt.Errorf("checkpoint: %w", err)
-		}
-	}
-	if snap.State != nil {
-		if err := writeJSON(filepath.Join(dir, StateFile), snap.State); err != nil {
 			return err
 		}
 	}

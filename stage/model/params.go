@@ -162,6 +162,17 @@ func (c Config) paramSpecs(span Span) []paramSpec {
 	return specs
 }
 
+// InitialTensors lists the parameters of span as NewStage with
+// WithSeed(seed) would initialise them, each computed only when read: a
+// random model of any size can be written tensor by tensor.
+func (c Config) InitialTensors(span Span, seed uint64) []LazyTensor {
+	var out []LazyTensor
+	for _, spec := range c.withDefaults().paramSpecs(span) {
+		out = append(out, LazyTensor{Name: spec.name, Shape: cloneShape(spec.shape), Read: func(dst []float32) { copy(dst, initValues(seed, spec)) }})
+	}
+	return out
+}
+
 // initValues draws a parameter's initial values from a counter-based
 // generator keyed by (seed, name, index): a weight gets the same values
 // whichever stage holds it, so a model cut into stages starts exactly where

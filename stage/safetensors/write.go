@@ -53,6 +53,12 @@ func Write(path string, tensors []Tensor, metadata map[string]string, opts ...Wr
 	return writeAtomic(path, func(w *bufio.Writer) error { return Encode(w, tensors, metadata, opts...) })
 }
 
+// WriteSources is Write for sources read on demand (EncodeSources): a
+// file larger than memory can be written.
+func WriteSources(path string, tensors []Source, metadata map[string]string, opts ...WriteOption) error {
+	return writeAtomic(path, func(w *bufio.Writer) error { return EncodeSources(w, tensors, metadata, opts...) })
+}
+
 // Encode writes tensors and metadata to w in the safetensors format, laid
 // out as Write lays out a file.
 func Encode(w io.Writer, tensors []Tensor, metadata map[string]string, opts ...WriteOption) error {
