@@ -48,8 +48,11 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
@@ -97,6 +100,26 @@ type Config struct {
 	Logger          *slog.Logger
 	// Now is the clock for "created" fields (default time.Now).
 	Now func() time.Time
+
+	// AllowedHosts are the names a request's Host header may carry
+	// besides the loopback ones (localhost, 127.0.0.0/8, ::1): the host
+	// the API listens on, and any name a proxy in front of it uses. An
+	// unspecified address (0.0.0.0 or ::) in it admits every IP literal.
+	// Any other Host is refused, so that a web page whose name an
+	// attacker re-points at this machine (DNS rebinding) cannot read it.
+	AllowedHosts []string
+	// APIKey, if set, is required as "Authorization: Bearer KEY" on
+	// every request but GET /health, as OpenAI's API does.
+	APIKey string
+	// CORSOrigins are the web origins (scheme://host[:port], or "*")
+	// whose pages may call the API; requests that carry any other Origin
+	// are refused. Default none: no browser page may.
+	CORSOrigins []string
+
+	// Metrics, if set, receives the API's Prometheus collectors
+	// (holopeer_serve_*), labelled job=Job.
+	Metrics prometheus.Registerer
+	Job     string
 }
 
 // Server is the HTTP API.
@@ -106,8 +129,13 @@ type Server struct {
 	eos     []int
 	bos     int
 	slots   chan struct{} // one per generation running
-	pending atomic.Int64  // requests waiting or running
-	mux     *http.ServeMux
+	turn    chan struct{} // held by the request taking its slots
+	pending atomic.Int64  // sequences waiting or running
+	handler http.Handler
+	metrics *serveMetrics
+	hosts   map[string]bool
+	anyIP   bool
+	origins map[string]bool
 
 	mu   sync.Mutex
 	http *http.Server
@@ -150,7 +178,23 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "serve"),
 		eos: append([]int(nil), cfg.EOS...), bos: tokenizer.BOS(cfg.Tokenizer),
-		slots: make(chan struct{}, cfg.MaxBatch),
+		slots: make(chan struct{}, cfg.MaxBatch), turn: make(chan struct{}, 1),
+		hosts: map[string]bool{}, origins: map[string]bool{},
+	}
+	for _, h := range cfg.AllowedHosts {
+		h = normalHost(h)
+		if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() || h == "" {
+			s.anyIP = true
+			continue
+		}
+		s.hosts[h] = true
+	}
+	for _, o := range cfg.CORSOrigins {
+		s.origins[strings.TrimSuffix(o, "/")] = true
+	}
+	var err error
+	if s.metrics, err = newServeMetrics(cfg.Metrics, cfg.Job); err != nil {
+		return nil, err
 	}
 	if e := cfg.Tokenizer.EOS(); e >= 0 && !contains(s.eos, e) {
 		s.eos = append(s.eos, e)
@@ -164,10 +208,10 @@ func New(cfg Config) (*Server, error) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error", CodeStr: "not_found",
+		s.writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error", CodeStr: "not_found",
 			Message: fmt.Sprintf("no route %s %s; the API serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models", r.Method, r.URL.Path)})
 	})
-	s.mux = mux
+	s.handler = s.metrics.count(s.guard(mux))
 	return s, nil
 }
 
@@ -181,13 +225,13 @@ func contains(ids []int, id int) bool {
 }
 
 // Handler is the API's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Serve answers requests on l until Shutdown.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.http == nil {
-		s.http = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+		s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	}
 	hs := s.http
 	s.mu.Unlock()
@@ -214,7 +258,7 @@ func (s *Server) only(method string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != method {
 			w.Header().Set("Allow", method)
-			writeError(w, &apiError{status: http.StatusMethodNotAllowed, Type: "invalid_request_error", CodeStr: "method_not_allowed",
+			s.writeError(w, &apiError{status: http.StatusMethodNotAllowed, Type: "invalid_request_error", CodeStr: "method_not_allowed",
 				Message: fmt.Sprintf("%s %s is not allowed; use %s", r.Method, r.URL.Path, method)})
 			return
 		}
