@@ -94,11 +94,13 @@ type chatRequest struct {
 	MaxTokens            *int               `json:"max_tokens"`
 	Metadata             map[string]string  `json:"metadata"`
 	Modalities           []string           `json:"modalities"`
+	Moderation           json.RawMessage    `json:"moderation"`
 	N                    *int               `json:"n"`
 	ParallelToolCalls    *bool              `json:"parallel_tool_calls"`
 	Prediction           json.RawMessage    `json:"prediction"`
 	PresencePenalty      *float64           `json:"presence_penalty"`
 	PromptCacheKey       string             `json:"prompt_cache_key"`
+	PromptCacheOptions   json.RawMessage    `json:"prompt_cache_options"`
 	PromptCacheRetention *string            `json:"prompt_cache_retention"`
 	ReasoningEffort      *string            `json:"reasoning_effort"`
 	ResponseFormat       *responseFormat    `json:"response_format"`
@@ -676,6 +678,8 @@ func chatUnsupported(req *chatRequest) *apiError {
 		return unsupported("function_call", "function_call: this server does not support functions; leave it out or use \"none\"")
 	case given(req.Audio):
 		return unsupported("audio", "audio output is not supported: this server generates text only")
+	case given(req.Moderation):
+		return unsupported("moderation", "moderation is not supported by this server")
 	case given(req.WebSearchOptions):
 		return unsupported("web_search_options", "web search is not supported by this server")
 	case req.ReasoningEffort != nil:

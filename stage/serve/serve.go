@@ -47,8 +47,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
