@@ -79,7 +79,7 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	f := &fixture{engine: &gated{Local: local}, model: m}
 	cfg := Config{
 		Model: "tiny", Engine: f.engine, Tokenizer: tokenizer.Byte(), Vocab: 257,
-		ContextTokens: 128, MaxPromptTokens: 64, MaxOutputTokens: 48, MaxBatch: 2, MaxQueue: 4,
+		ContextTokens: 128, MaxPromptTokens: 64, MaxOutputTokens: 48, MaxBatch: 2, MaxQueue: 4, Logger: discard(),
 	}
 	if mod != nil {
 		mod(&cfg)
