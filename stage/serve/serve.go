@@ -8,14 +8,50 @@
 //
 // # Requests
 //
-// Completions take model, prompt (a string, a one-string array, or token
-// ids), max_tokens (default 16), temperature (default 1; 0 is greedy),
-// top_p (default 1), stop (a string or up to 4), seed, stream,
-// stream_options.include_usage, n (only 1) and user. Chat completions take
-// messages instead of prompt and max_completion_tokens as another name
-// for max_tokens (default: as many as the limits allow). Any other field
-// is refused with 400, as is malformed JSON, so that a typo never
-// silently changes what is generated.
+// Every parameter OpenAI documents for the two endpoints is accepted by
+// name; a name it does not document is refused with 400
+// unknown_parameter, as is malformed JSON, so that a typo never silently
+// changes what is generated. Honoured:
+//
+//   - model, prompt (a string, a one-string array, or token ids) or
+//     messages; max_tokens (completions: default 16; chat: as many as the
+//     limits allow) and max_completion_tokens;
+//   - temperature (default 1; 0 is greedy), top_p, seed, stop (a string
+//     or up to 4);
+//   - presence_penalty and frequency_penalty (−2..2, over the tokens
+//     generated so far) and logit_bias (token id → −100..100);
+//   - logprobs (completions: 0..5 alternatives; chat: true, with
+//     top_logprobs 0..20): the log-softmax of the logits after bias and
+//     penalties, at temperature 1;
+//   - n choices (up to the batch), best_of (completions: the n of best_of
+//     with the highest total logprob), echo (completions);
+//   - stream and stream_options.include_usage; response_format of type
+//     text; modalities ["text"].
+//
+// Accepted because they change nothing generated: user, metadata,
+// service_tier, prediction, parallel_tool_calls, prompt_cache_key,
+// safety_identifier, store false, tool_choice "none" and empty tools.
+// Refused with 400 code "unsupported", param naming the field: tools,
+// tool_choice, functions, function_call, response_format json_object and
+// json_schema, audio, non-text modalities and content parts,
+// reasoning_effort, verbosity, web_search_options, moderation, store
+// true, suffix, echo with logprobs.
+//
+// # Security
+//
+// The API answers only Host names it knows (Config.AllowedHosts and
+// loopback), against DNS rebinding; refuses POST bodies that are not
+// application/json and requests whose Origin is not one of
+// Config.CORSOrigins (whose preflights it answers), against cross-site
+// requests from web pages; and with Config.APIKey requires
+// "Authorization: Bearer KEY".
+//
+// # Metrics
+//
+// With Config.Metrics, holopeer_serve_* counts requests (by endpoint and
+// status), errors (by code) and tokens, and keeps histograms of time to
+// first token, inter-token latency, tokens/s per sequence and request
+// duration, labelled with Config.Job.
 //
 // # Chat template
 //
@@ -30,7 +66,9 @@
 // Every error is {"error": {"message", "type", "param", "code"}} as
 // OpenAI's API sends it: 400 invalid_request_error for bad input
 // (code context_length_exceeded when a prompt or max_tokens is over the
-// limits), 404 for an unknown model or path, 429 rate_limit_error
+// limits; code unsupported for what this server cannot do), 401 for a
+// missing or wrong key, 403 for a Host or Origin not allowed, 415 for a
+// body that is not JSON, 404 for an unknown model or path, 429 rate_limit_error
 // (code queue_full, with Retry-After) when the queue is full, and 500 or
 // 503 when generation fails. An error after a stream has started comes
 // as a last event holding the error object.
@@ -87,7 +125,8 @@ type Config struct {
 	// MaxPromptTokens and MaxOutputTokens bound each part (default: the
 	// context).
 	MaxPromptTokens, MaxOutputTokens int
-	// MaxBatch requests generate at once (default 8); MaxQueue more wait
+	// MaxBatch sequences generate at once (default 8; a request of n
+	// choices is n sequences, and n may not exceed it); MaxQueue more wait
 	// (default 64); beyond that requests get 429.
 	MaxBatch, MaxQueue int
 	// MaxBodyBytes bounds a request body (default 1 MiB).
