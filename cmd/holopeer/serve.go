@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/holopeer/holopeer/peer/api"
@@ -28,8 +29,11 @@ import (
 func init() { register(newServeCmd) }
 
 type serveFlags struct {
-	up   upFlags
-	http string
+	up         upFlags
+	http       string
+	apiKey     string
+	corsOrigin []string
+	allowHost  []string
 }
 
 func newServeCmd() *cobra.Command {
@@ -60,7 +64,17 @@ continue on a replica or a newly placed node, which rebuilds its KV cache by
 replaying each request's prefix: clients see a pause, never a broken stream.
 
 Chat uses a plain template, one "role: content" line per message and then
-"assistant:"; generation stops where the model starts another turn.`,
+"assistant:"; generation stops where the model starts another turn.
+
+Every documented OpenAI parameter is accepted by name. Penalties,
+logit_bias, logprobs, n, best_of, echo and response_format text are
+honoured; tools, JSON response formats and audio are refused with code
+"unsupported".
+
+The API answers only Host names on loopback, the --http host and
+--allow-host names; POST bodies must be application/json; browser pages may
+call it only from a --cors-origin; with --api-key (or $HOLOPEER_API_KEY)
+every request but GET /health needs "Authorization: Bearer KEY".`,
 		Example: `  holopeer serve testnet/serve.yaml --bootstrap /ip4/127.0.0.1/tcp/7600/p2p/12D3KooW…
   curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
     -d '{"prompt": "the ", "max_tokens": 40, "temperature": 0, "stream": true}'`,
@@ -79,11 +93,20 @@ Chat uses a plain template, one "role: content" line per message and then
 				return err
 			}
 			defer n.Close()
-			return serveOnNode(cmd.Context(), n, m, serveOptions{HTTP: f.http, Stdout: cmd.OutOrStdout(), Logger: cfg.Logger})
+			if f.apiKey == "" {
+				// From the environment, so that the key stays out of ps and
+				// shell history (and out of --help's defaults).
+				f.apiKey = os.Getenv("HOLOPEER_API_KEY")
+			}
+			return serveOnNode(cmd.Context(), n, m, serveOptions{HTTP: f.http, Stdout: cmd.OutOrStdout(), Logger: cfg.Logger,
+				APIKey: f.apiKey, CORSOrigins: f.corsOrigin, AllowedHosts: f.allowHost})
 		},
 	}
 	f.up.registerResearcher(cmd)
 	cmd.Flags().StringVar(&f.http, "http", "127.0.0.1:8000", "HOST:PORT of the OpenAI-compatible API (loopback unless you mean otherwise)")
+	cmd.Flags().StringVar(&f.apiKey, "api-key", "", "require this key as 'Authorization: Bearer KEY' on the API (default $HOLOPEER_API_KEY; none: no key)")
+	cmd.Flags().StringSliceVar(&f.corsOrigin, "cors-origin", nil, "web origin (scheme://host[:port], or *) whose pages may call the API; repeat for more (default none)")
+	cmd.Flags().StringSliceVar(&f.allowHost, "allow-host", nil, "a Host name the API answers besides loopback and the --http host (a proxy's or DNS name); repeat for more")
 	return cmd
 }
 
@@ -95,6 +118,12 @@ type serveOptions struct {
 	// Ready, if set, is called with the API's base URL once it answers
 	// (testnet prints a curl line; tests send requests).
 	Ready func(baseURL string)
+	// APIKey, CORSOrigins and AllowedHosts are serve.Config's.
+	APIKey       string
+	CORSOrigins  []string
+	AllowedHosts []string
+	// Metrics, if set, receives the API's per-job collectors.
+	Metrics prometheus.Registerer
 }
 
 // serveOnNode places m's checkpoint on the swarm from node n and serves it
@@ -152,6 +181,9 @@ func serveOnNode(ctx context.Context, n *node.Node, m *manifest.Manifest, o serv
 		defer close(reported)
 		reportServing(rctx, n, srv, 2*time.Second)
 	}()
+	if m := n.Metrics(); m != nil && o.Metrics == nil {
+		o.Metrics = m.Registry()
+	}
 	err = serveHTTP(ctx, srv, sv, o)
 	stopReports()
 	<-reported
@@ -222,6 +254,9 @@ func serveHTTP(ctx context.Context, eng serve.Engine, sv *servePlan, o serveOpti
 		Model: sv.spec.Name, Engine: eng, Tokenizer: sv.tok, Vocab: sv.spec.Model.Vocab, EOS: sv.eos,
 		ContextTokens: sv.spec.MaxTokens, MaxPromptTokens: sv.maxPrompt, MaxOutputTokens: sv.maxOutput,
 		MaxBatch: sv.spec.MaxBatch, MaxQueue: sv.maxQueue, Logger: o.Logger,
+		APIKey: o.APIKey, CORSOrigins: o.CORSOrigins, Metrics: o.Metrics, Job: sv.spec.JobID,
+		// The host it listens on (0.0.0.0: any IP literal) and the names asked for.
+		AllowedHosts: append([]string{listenHost(o.HTTP)}, o.AllowedHosts...),
 	})
 	if err != nil {
 		return err
@@ -246,6 +281,14 @@ func serveHTTP(ctx context.Context, eng serve.Engine, sv *servePlan, o serveOpti
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return api.Shutdown(sctx)
+}
+
+// listenHost is the host part of a HOST:PORT listen address.
+func listenHost(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
 }
 
 // servePlan is a serving manifest resolved against its checkpoint.
@@ -315,9 +358,8 @@ func prepareServe(m *manifest.Manifest) (*servePlan, error) {
 	}
 	sv.eos = ck.HF.EOS()
 	s := m.Serve
-	maxTokens := min(cfg.MaxSeq, s.MaxPromptTokens+s.MaxOutputTokens)
-	sv.maxPrompt = min(s.MaxPromptTokens, maxTokens-1)
-	sv.maxOutput = min(s.MaxOutputTokens, maxTokens-1)
+	var maxTokens int
+	maxTokens, sv.maxPrompt, sv.maxOutput = serveLimits(cfg.MaxSeq, s)
 	sv.maxQueue = s.MaxQueue
 	sv.spec = job.Spec{
 		JobID: job.NewJobID(m.Name), Name: m.Name, Kind: job.KindServe,
@@ -330,6 +372,13 @@ func prepareServe(m *manifest.Manifest) (*servePlan, error) {
 		return fail(fmt.Errorf("manifest %s: %w", m.Name, err))
 	}
 	return sv, nil
+}
+
+// serveLimits are a serving manifest's per-request token limits on a
+// model of context maxSeq: prompt plus output, and each part.
+func serveLimits(maxSeq int, s *manifest.Serve) (context, prompt, output int) {
+	context = min(maxSeq, s.MaxPromptTokens+s.MaxOutputTokens)
+	return context, min(s.MaxPromptTokens, context-1), min(s.MaxOutputTokens, context-1)
 }
 
 // findSecret looks for the pseudonym secret of the run that wrote the

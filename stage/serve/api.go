@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -44,57 +45,125 @@ func badRequest(param, code, format string, a ...any) *apiError {
 	return e
 }
 
-func writeError(w http.ResponseWriter, e *apiError) {
+func (s *Server) writeError(w http.ResponseWriter, e *apiError) {
+	code := e.CodeStr
+	if code == "" {
+		code = e.Type
+	}
+	s.metrics.errors.WithLabelValues(code).Inc()
 	if e.status == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, e.status, map[string]*apiError{"error": e})
 }
 
-// completionRequest is POST /v1/completions.
+// completionRequest is POST /v1/completions: every field OpenAI
+// documents, so that no client's ordinary request is refused for a name.
 type completionRequest struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	MaxTokens     *int            `json:"max_tokens"`
-	Temperature   *float64        `json:"temperature"`
-	TopP          *float64        `json:"top_p"`
-	Stop          json.RawMessage `json:"stop"`
-	Seed          *int64          `json:"seed"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	N             *int            `json:"n"`
-	User          string          `json:"user"`
+	Model            string             `json:"model"`
+	Prompt           json.RawMessage    `json:"prompt"`
+	BestOf           *int               `json:"best_of"`
+	Echo             bool               `json:"echo"`
+	FrequencyPenalty *float64           `json:"frequency_penalty"`
+	LogitBias        map[string]float64 `json:"logit_bias"`
+	Logprobs         *int               `json:"logprobs"`
+	MaxTokens        *int               `json:"max_tokens"`
+	N                *int               `json:"n"`
+	PresencePenalty  *float64           `json:"presence_penalty"`
+	Seed             *int64             `json:"seed"`
+	Stop             json.RawMessage    `json:"stop"`
+	Stream           bool               `json:"stream"`
+	StreamOptions    *streamOptions     `json:"stream_options"`
+	Suffix           *string            `json:"suffix"`
+	Temperature      *float64           `json:"temperature"`
+	TopP             *float64           `json:"top_p"`
+	User             string             `json:"user"`
 }
 
-// chatRequest is POST /v1/chat/completions.
+// chatRequest is POST /v1/chat/completions, every documented field.
 type chatRequest struct {
-	Model               string          `json:"model"`
-	Messages            []chatMessage   `json:"messages"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	Stop                json.RawMessage `json:"stop"`
-	Seed                *int64          `json:"seed"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *streamOptions  `json:"stream_options"`
-	N                   *int            `json:"n"`
-	User                string          `json:"user"`
+	Model                string             `json:"model"`
+	Messages             []chatMessage      `json:"messages"`
+	Audio                json.RawMessage    `json:"audio"`
+	FrequencyPenalty     *float64           `json:"frequency_penalty"`
+	FunctionCall         json.RawMessage    `json:"function_call"`
+	Functions            json.RawMessage    `json:"functions"`
+	LogitBias            map[string]float64 `json:"logit_bias"`
+	Logprobs             *bool              `json:"logprobs"`
+	MaxCompletionTokens  *int               `json:"max_completion_tokens"`
+	MaxTokens            *int               `json:"max_tokens"`
+	Metadata             map[string]string  `json:"metadata"`
+	Modalities           []string           `json:"modalities"`
+	Moderation           json.RawMessage    `json:"moderation"`
+	N                    *int               `json:"n"`
+	ParallelToolCalls    *bool              `json:"parallel_tool_calls"`
+	Prediction           json.RawMessage    `json:"prediction"`
+	PresencePenalty      *float64           `json:"presence_penalty"`
+	PromptCacheKey       string             `json:"prompt_cache_key"`
+	PromptCacheOptions   json.RawMessage    `json:"prompt_cache_options"`
+	PromptCacheRetention *string            `json:"prompt_cache_retention"`
+	ReasoningEffort      *string            `json:"reasoning_effort"`
+	ResponseFormat       *responseFormat    `json:"response_format"`
+	SafetyIdentifier     string             `json:"safety_identifier"`
+	Seed                 *int64             `json:"seed"`
+	ServiceTier          *string            `json:"service_tier"`
+	Stop                 json.RawMessage    `json:"stop"`
+	Store                *bool              `json:"store"`
+	Stream               bool               `json:"stream"`
+	StreamOptions        *streamOptions     `json:"stream_options"`
+	Temperature          *float64           `json:"temperature"`
+	ToolChoice           json.RawMessage    `json:"tool_choice"`
+	Tools                json.RawMessage    `json:"tools"`
+	TopLogprobs          *int               `json:"top_logprobs"`
+	TopP                 *float64           `json:"top_p"`
+	User                 string             `json:"user"`
+	Verbosity            *string            `json:"verbosity"`
+	WebSearchOptions     json.RawMessage    `json:"web_search_options"`
 }
 
 type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
+	IncludeUsage       bool `json:"include_usage"`
+	IncludeObfuscation bool `json:"include_obfuscation"`
+}
+
+type responseFormat struct {
+	Type       string          `json:"type"`
+	JSONSchema json.RawMessage `json:"json_schema"`
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Name    string          `json:"name"`
+	Role         string          `json:"role"`
+	Content      json.RawMessage `json:"content"`
+	Name         string          `json:"name"`
+	Refusal      *string         `json:"refusal"`
+	ToolCalls    json.RawMessage `json:"tool_calls"`
+	ToolCallID   string          `json:"tool_call_id"`
+	FunctionCall json.RawMessage `json:"function_call"`
+	Audio        json.RawMessage `json:"audio"`
 }
 
 type contentPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Type       string          `json:"type"`
+	Text       string          `json:"text"`
+	Refusal    string          `json:"refusal"`
+	ImageURL   json.RawMessage `json:"image_url"`
+	InputAudio json.RawMessage `json:"input_audio"`
+	File       json.RawMessage `json:"file"`
+}
+
+// unsupported refuses a documented parameter this server cannot honour,
+// so that a client never gets an answer that silently ignored it.
+func unsupported(param, format string, a ...any) *apiError {
+	return badRequest(param, "unsupported", format, a...)
+}
+
+// given says a raw field is present and not null.
+func given(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
+
+// nonEmpty says a raw field holds something: not absent, null, [] or {}.
+func nonEmpty(raw json.RawMessage) bool {
+	t := strings.TrimSpace(string(raw))
+	return given(raw) && t != "[]" && t != "{}"
 }
 
 var unknownField = regexp.MustCompile(`^json: unknown field "(.*)"$`)
@@ -224,17 +293,31 @@ func chatTemplate(msgs []chatMessage) (string, *apiError) {
 	}
 	var b strings.Builder
 	for i, m := range msgs {
+		at := fmt.Sprintf("messages[%d]", i)
 		role := m.Role
 		switch role {
 		case "system", "user", "assistant":
 		case "developer":
 			role = "system"
+		case "tool", "function":
+			return "", unsupported(at+".role", "role %q: this server does not support tools or functions", m.Role)
 		default:
-			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "invalid_value", "role %q: use system, user or assistant", m.Role)
+			return "", badRequest(at+".role", "invalid_value", "role %q: use system, user or assistant", m.Role)
 		}
-		text, err := messageText(m.Content)
+		switch {
+		case nonEmpty(m.ToolCalls):
+			return "", unsupported(at+".tool_calls", "this server does not support tools, so a message cannot carry tool_calls")
+		case given(m.FunctionCall):
+			return "", unsupported(at+".function_call", "this server does not support functions, so a message cannot carry function_call")
+		case given(m.Audio):
+			return "", unsupported(at+".audio", "this server generates text only; a message cannot refer to audio")
+		}
+		text, err := messageText(m.Content, at+".content")
 		if err != nil {
-			return "", badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "%v", err)
+			return "", err
+		}
+		if text == "" && m.Refusal != nil {
+			text = *m.Refusal
 		}
 		b.WriteString(role)
 		b.WriteString(": ")
@@ -248,8 +331,8 @@ func chatTemplate(msgs []chatMessage) (string, *apiError) {
 // chatStops are where a model following the template starts a new turn.
 var chatStops = []string{"\nuser:", "\nsystem:"}
 
-func messageText(raw json.RawMessage) (string, error) {
-	if len(raw) == 0 || string(raw) == "null" {
+func messageText(raw json.RawMessage, param string) (string, *apiError) {
+	if !given(raw) {
 		return "", nil
 	}
 	var s string
@@ -260,14 +343,20 @@ func messageText(raw json.RawMessage) (string, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&parts); err != nil {
-		return "", errors.New("content must be a string or an array of text parts")
+		return "", badRequest(param, "invalid_type", "content must be a string or an array of content parts")
 	}
 	var b strings.Builder
-	for _, p := range parts {
-		if p.Type != "text" {
-			return "", fmt.Errorf("content part of type %q: only text is supported", p.Type)
+	for i, p := range parts {
+		switch p.Type {
+		case "text":
+			b.WriteString(p.Text)
+		case "refusal":
+			b.WriteString(p.Refusal)
+		case "image_url", "input_audio", "file":
+			return "", unsupported(fmt.Sprintf("%s[%d].type", param, i), "content part of type %q: this server reads text only", p.Type)
+		default:
+			return "", badRequest(fmt.Sprintf("%s[%d].type", param, i), "invalid_value", "content part of type %q: use text", p.Type)
 		}
-		b.WriteString(p.Text)
 	}
 	return b.String(), nil
 }
@@ -311,6 +400,9 @@ type common struct {
 	stream      bool
 	opts        *streamOptions
 	n           *int
+	presence    *float64
+	frequency   *float64
+	logitBias   map[string]float64
 }
 
 // generation is a checked request, ready to run.
@@ -322,19 +414,40 @@ type generation struct {
 	stops        []string
 	stream       bool
 	includeUsage bool
+	// n choices are returned, the best n of bestOf generated (by total
+	// logprob) when bestOf > n.
+	n, bestOf int
+	// logprobs asks for each output token's logprob and the topLogprobs
+	// most likely alternatives.
+	logprobs    bool
+	topLogprobs int
+	// echo is the prompt's text, put before each completion.
+	echo string
 }
+
+// choices is how many sequences g generates.
+func (g generation) choices() int { return max(g.n, g.bestOf) }
+
+// maxChoices bounds n and best_of whatever the batch (OpenAI's own cap).
+const maxChoices = 128
 
 // check validates the shared fields against the prompt; defaultMax is
 // the output length when max_tokens is absent (0: as long as allowed).
 func (s *Server) check(c common, prompt []int32, defaultMax int) (generation, *apiError) {
-	g := generation{prompt: prompt, stream: c.stream, sampling: Sampling{Temperature: 1, TopP: 1}}
+	g := generation{prompt: prompt, stream: c.stream, n: 1, sampling: Sampling{Temperature: 1, TopP: 1}}
 	if c.model != "" && c.model != s.cfg.Model {
 		e := badRequest("model", "model_not_found", "The model `%s` does not exist; this server serves `%s`", c.model, s.cfg.Model)
 		e.status = http.StatusNotFound
 		return g, e
 	}
-	if c.n != nil && *c.n != 1 {
-		return g, badRequest("n", "invalid_value", "n = %d: this server generates one choice per request", *c.n)
+	if c.n != nil {
+		if *c.n < 1 || *c.n > maxChoices {
+			return g, badRequest("n", "invalid_value", "n = %d: ask for 1 to %d choices", *c.n, maxChoices)
+		}
+		g.n = *c.n
+	}
+	if g.n > s.cfg.MaxBatch {
+		return g, badRequest("n", "invalid_value", "n = %d: this server generates at most %d choices per request (its batch)", g.n, s.cfg.MaxBatch)
 	}
 	if c.opts != nil {
 		if !c.stream {
@@ -353,6 +466,32 @@ func (s *Server) check(c common, prompt []int32, defaultMax int) (generation, *a
 			return g, badRequest("top_p", "invalid_value", "top_p %g: use a value in (0, 1]", *p)
 		}
 		g.sampling.TopP = *p
+	}
+	for _, pen := range []struct {
+		name string
+		v    *float64
+		to   *float64
+	}{{"presence_penalty", c.presence, &g.sampling.PresencePenalty}, {"frequency_penalty", c.frequency, &g.sampling.FrequencyPenalty}} {
+		if pen.v == nil {
+			continue
+		}
+		if !(*pen.v >= -2 && *pen.v <= 2) {
+			return g, badRequest(pen.name, "invalid_value", "%s %g: use a value from -2 to 2", pen.name, *pen.v)
+		}
+		*pen.to = *pen.v
+	}
+	if len(c.logitBias) > 0 {
+		g.sampling.LogitBias = make(map[int32]float64, len(c.logitBias))
+		for k, b := range c.logitBias {
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || id < 0 || id >= int64(s.cfg.Vocab) {
+				return g, badRequest("logit_bias", "invalid_value", "logit_bias key %q: use a token id from 0 to %d", k, s.cfg.Vocab-1)
+			}
+			if !(b >= -100 && b <= 100) {
+				return g, badRequest("logit_bias", "invalid_value", "logit_bias %g for token %d: use a value from -100 to 100", b, id)
+			}
+			g.sampling.LogitBias[int32(id)] = b
+		}
 	}
 	if c.seed != nil {
 		g.sampling.Seed = uint64(*c.seed)
@@ -397,7 +536,7 @@ func (s *Server) contextExceeded(prompt, out int) *apiError {
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	g, e := s.parseCompletion(r)
 	if e != nil {
-		writeError(w, e)
+		s.writeError(w, e)
 		return
 	}
 	s.run(w, r, g, newID("cmpl-"))
@@ -406,11 +545,17 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	g, e := s.parseChat(r)
 	if e != nil {
-		writeError(w, e)
+		s.writeError(w, e)
 		return
 	}
 	s.run(w, r, g, newID("chatcmpl-"))
 }
+
+// maxCompletionLogprobs is OpenAI's bound on a completion's logprobs.
+const maxCompletionLogprobs = 5
+
+// maxTopLogprobs is OpenAI's bound on a chat completion's top_logprobs.
+const maxTopLogprobs = 20
 
 // parseCompletion reads and checks a completion request.
 func (s *Server) parseCompletion(r *http.Request) (generation, *apiError) {
@@ -422,13 +567,65 @@ func (s *Server) parseCompletion(r *http.Request) (generation, *apiError) {
 	if e != nil {
 		return generation{}, e
 	}
-	return s.check(common{req.Model, req.MaxTokens, req.Temperature, req.TopP, req.Stop, req.Seed, req.Stream, req.StreamOptions, req.N}, prompt, 16)
+	if req.Suffix != nil && *req.Suffix != "" {
+		return generation{}, unsupported("suffix", "suffix: this server does not insert text; leave suffix out")
+	}
+	g, e := s.check(common{req.Model, req.MaxTokens, req.Temperature, req.TopP, req.Stop, req.Seed, req.Stream, req.StreamOptions, req.N,
+		req.PresencePenalty, req.FrequencyPenalty, req.LogitBias}, prompt, 16)
+	if e != nil {
+		return g, e
+	}
+	if lp := req.Logprobs; lp != nil {
+		if *lp < 0 || *lp > maxCompletionLogprobs {
+			return g, badRequest("logprobs", "invalid_value", "logprobs %d: use a value from 0 to %d", *lp, maxCompletionLogprobs)
+		}
+		g.logprobs, g.topLogprobs = true, *lp
+	}
+	if b := req.BestOf; b != nil {
+		switch {
+		case *b < g.n:
+			return g, badRequest("best_of", "invalid_value", "best_of %d must be at least n (%d)", *b, g.n)
+		case *b > s.cfg.MaxBatch:
+			return g, badRequest("best_of", "invalid_value", "best_of %d: this server generates at most %d sequences per request (its batch)", *b, s.cfg.MaxBatch)
+		case *b > g.n && g.stream:
+			return g, badRequest("best_of", "invalid_value", "best_of cannot be used with stream: the best are chosen at the end")
+		}
+		g.bestOf = *b
+	}
+	if req.Echo {
+		if g.logprobs {
+			return g, unsupported("echo", "echo with logprobs: this server does not score the prompt's tokens")
+		}
+		g.echo = s.echoText(req.Prompt, prompt)
+	}
+	return g, nil
+}
+
+// echoText is the prompt as echo shows it: the text given, or the
+// decoding of the ids given (without the BOS the server put in front).
+func (s *Server) echoText(raw json.RawMessage, prompt []int32) string {
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		return text
+	}
+	var texts []string
+	if json.Unmarshal(raw, &texts) == nil && len(texts) == 1 {
+		return texts[0]
+	}
+	ids := make([]int, len(prompt))
+	for i, id := range prompt {
+		ids[i] = int(id)
+	}
+	return s.cfg.Tokenizer.Decode(ids)
 }
 
 // parseChat reads and checks a chat completion request.
 func (s *Server) parseChat(r *http.Request) (generation, *apiError) {
 	var req chatRequest
 	if e := decodeBody(r, s.cfg.MaxBodyBytes, &req); e != nil {
+		return generation{}, e
+	}
+	if e := chatUnsupported(&req); e != nil {
 		return generation{}, e
 	}
 	text, e := chatTemplate(req.Messages)
@@ -446,13 +643,67 @@ func (s *Server) parseChat(r *http.Request) (generation, *apiError) {
 		}
 		maxTokens = req.MaxCompletionTokens
 	}
-	g, e := s.check(common{req.Model, maxTokens, req.Temperature, req.TopP, req.Stop, req.Seed, req.Stream, req.StreamOptions, req.N}, prompt, 0)
+	g, e := s.check(common{req.Model, maxTokens, req.Temperature, req.TopP, req.Stop, req.Seed, req.Stream, req.StreamOptions, req.N,
+		req.PresencePenalty, req.FrequencyPenalty, req.LogitBias}, prompt, 0)
 	if e != nil {
 		return g, e
+	}
+	g.logprobs = req.Logprobs != nil && *req.Logprobs
+	if k := req.TopLogprobs; k != nil {
+		switch {
+		case *k < 0 || *k > maxTopLogprobs:
+			return g, badRequest("top_logprobs", "invalid_value", "top_logprobs %d: use a value from 0 to %d", *k, maxTopLogprobs)
+		case !g.logprobs && *k > 0:
+			return g, badRequest("top_logprobs", "invalid_value", "top_logprobs needs logprobs: true")
+		}
+		g.topLogprobs = *k
 	}
 	g.chat = true
 	g.stops = append(g.stops, chatStops...)
 	return g, nil
+}
+
+// chatUnsupported refuses the documented chat parameters this server
+// cannot honour. Those that do not change what is generated (user,
+// metadata, service_tier, prediction, prompt_cache_key, …) are accepted.
+func chatUnsupported(req *chatRequest) *apiError {
+	switch {
+	case nonEmpty(req.Tools):
+		return unsupported("tools", "tools are not supported by this server yet; send the request without tools")
+	case given(req.ToolChoice) && string(req.ToolChoice) != `"none"`:
+		return unsupported("tool_choice", "tool_choice: this server does not support tools; leave it out or use \"none\"")
+	case nonEmpty(req.Functions):
+		return unsupported("functions", "functions are not supported by this server; send the request without them")
+	case given(req.FunctionCall) && string(req.FunctionCall) != `"none"`:
+		return unsupported("function_call", "function_call: this server does not support functions; leave it out or use \"none\"")
+	case given(req.Audio):
+		return unsupported("audio", "audio output is not supported: this server generates text only")
+	case given(req.Moderation):
+		return unsupported("moderation", "moderation is not supported by this server")
+	case given(req.WebSearchOptions):
+		return unsupported("web_search_options", "web search is not supported by this server")
+	case req.ReasoningEffort != nil:
+		return unsupported("reasoning_effort", "reasoning_effort is not supported with this model: it does not reason before answering")
+	case req.Verbosity != nil:
+		return unsupported("verbosity", "verbosity is not supported with this model")
+	case req.Store != nil && *req.Store:
+		return unsupported("store", "store: this server does not store completions")
+	}
+	for _, m := range req.Modalities {
+		if m != "text" {
+			return unsupported("modalities", "modality %q: this server generates text only", m)
+		}
+	}
+	if f := req.ResponseFormat; f != nil {
+		switch f.Type {
+		case "", "text":
+		case "json_object", "json_schema":
+			return unsupported("response_format", "response_format of type %s is not supported by this server; use text", f.Type)
+		default:
+			return badRequest("response_format.type", "invalid_value", "response_format type %q: use text", f.Type)
+		}
+	}
+	return nil
 }
 
 // modelObject is one entry of GET /v1/models.
@@ -475,7 +726,7 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 	if id := r.PathValue("id"); id != s.cfg.Model {
 		e := badRequest("model", "model_not_found", "The model `%s` does not exist; this server serves `%s`", id, s.cfg.Model)
 		e.status = http.StatusNotFound
-		writeError(w, e)
+		s.writeError(w, e)
 		return
 	}
 	writeJSON(w, http.StatusOK, s.modelObject())

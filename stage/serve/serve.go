@@ -8,14 +8,50 @@
 //
 // # Requests
 //
-// Completions take model, prompt (a string, a one-string array, or token
-// ids), max_tokens (default 16), temperature (default 1; 0 is greedy),
-// top_p (default 1), stop (a string or up to 4), seed, stream,
-// stream_options.include_usage, n (only 1) and user. Chat completions take
-// messages instead of prompt and max_completion_tokens as another name
-// for max_tokens (default: as many as the limits allow). Any other field
-// is refused with 400, as is malformed JSON, so that a typo never
-// silently changes what is generated.
+// Every parameter OpenAI documents for the two endpoints is accepted by
+// name; a name it does not document is refused with 400
+// unknown_parameter, as is malformed JSON, so that a typo never silently
+// changes what is generated. Honoured:
+//
+//   - model, prompt (a string, a one-string array, or token ids) or
+//     messages; max_tokens (completions: default 16; chat: as many as the
+//     limits allow) and max_completion_tokens;
+//   - temperature (default 1; 0 is greedy), top_p, seed, stop (a string
+//     or up to 4);
+//   - presence_penalty and frequency_penalty (−2..2, over the tokens
+//     generated so far) and logit_bias (token id → −100..100);
+//   - logprobs (completions: 0..5 alternatives; chat: true, with
+//     top_logprobs 0..20): the log-softmax of the logits after bias and
+//     penalties, at temperature 1;
+//   - n choices (up to the batch), best_of (completions: the n of best_of
+//     with the highest total logprob), echo (completions);
+//   - stream and stream_options.include_usage; response_format of type
+//     text; modalities ["text"].
+//
+// Accepted because they change nothing generated: user, metadata,
+// service_tier, prediction, parallel_tool_calls, prompt_cache_key,
+// safety_identifier, store false, tool_choice "none" and empty tools.
+// Refused with 400 code "unsupported", param naming the field: tools,
+// tool_choice, functions, function_call, response_format json_object and
+// json_schema, audio, non-text modalities and content parts,
+// reasoning_effort, verbosity, web_search_options, moderation, store
+// true, suffix, echo with logprobs.
+//
+// # Security
+//
+// The API answers only Host names it knows (Config.AllowedHosts and
+// loopback), against DNS rebinding; refuses POST bodies that are not
+// application/json and requests whose Origin is not one of
+// Config.CORSOrigins (whose preflights it answers), against cross-site
+// requests from web pages; and with Config.APIKey requires
+// "Authorization: Bearer KEY".
+//
+// # Metrics
+//
+// With Config.Metrics, holopeer_serve_* counts requests (by endpoint and
+// status), errors (by code) and tokens, and keeps histograms of time to
+// first token, inter-token latency, tokens/s per sequence and request
+// duration, labelled with Config.Job.
 //
 // # Chat template
 //
@@ -30,7 +66,9 @@
 // Every error is {"error": {"message", "type", "param", "code"}} as
 // OpenAI's API sends it: 400 invalid_request_error for bad input
 // (code context_length_exceeded when a prompt or max_tokens is over the
-// limits), 404 for an unknown model or path, 429 rate_limit_error
+// limits; code unsupported for what this server cannot do), 401 for a
+// missing or wrong key, 403 for a Host or Origin not allowed, 415 for a
+// body that is not JSON, 404 for an unknown model or path, 429 rate_limit_error
 // (code queue_full, with Retry-After) when the queue is full, and 500 or
 // 503 when generation fails. An error after a stream has started comes
 // as a last event holding the error object.
@@ -47,9 +85,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
@@ -84,7 +125,8 @@ type Config struct {
 	// MaxPromptTokens and MaxOutputTokens bound each part (default: the
 	// context).
 	MaxPromptTokens, MaxOutputTokens int
-	// MaxBatch requests generate at once (default 8); MaxQueue more wait
+	// MaxBatch sequences generate at once (default 8; a request of n
+	// choices is n sequences, and n may not exceed it); MaxQueue more wait
 	// (default 64); beyond that requests get 429.
 	MaxBatch, MaxQueue int
 	// MaxBodyBytes bounds a request body (default 1 MiB).
@@ -97,6 +139,26 @@ type Config struct {
 	Logger          *slog.Logger
 	// Now is the clock for "created" fields (default time.Now).
 	Now func() time.Time
+
+	// AllowedHosts are the names a request's Host header may carry
+	// besides the loopback ones (localhost, 127.0.0.0/8, ::1): the host
+	// the API listens on, and any name a proxy in front of it uses. An
+	// unspecified address (0.0.0.0 or ::) in it admits every IP literal.
+	// Any other Host is refused, so that a web page whose name an
+	// attacker re-points at this machine (DNS rebinding) cannot read it.
+	AllowedHosts []string
+	// APIKey, if set, is required as "Authorization: Bearer KEY" on
+	// every request but GET /health, as OpenAI's API does.
+	APIKey string
+	// CORSOrigins are the web origins (scheme://host[:port], or "*")
+	// whose pages may call the API; requests that carry any other Origin
+	// are refused. Default none: no browser page may.
+	CORSOrigins []string
+
+	// Metrics, if set, receives the API's Prometheus collectors
+	// (holopeer_serve_*), labelled job=Job.
+	Metrics prometheus.Registerer
+	Job     string
 }
 
 // Server is the HTTP API.
@@ -106,8 +168,13 @@ type Server struct {
 	eos     []int
 	bos     int
 	slots   chan struct{} // one per generation running
-	pending atomic.Int64  // requests waiting or running
-	mux     *http.ServeMux
+	turn    chan struct{} // held by the request taking its slots
+	pending atomic.Int64  // sequences waiting or running
+	handler http.Handler
+	metrics *serveMetrics
+	hosts   map[string]bool
+	anyIP   bool
+	origins map[string]bool
 
 	mu   sync.Mutex
 	http *http.Server
@@ -150,7 +217,23 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "serve"),
 		eos: append([]int(nil), cfg.EOS...), bos: tokenizer.BOS(cfg.Tokenizer),
-		slots: make(chan struct{}, cfg.MaxBatch),
+		slots: make(chan struct{}, cfg.MaxBatch), turn: make(chan struct{}, 1),
+		hosts: map[string]bool{}, origins: map[string]bool{},
+	}
+	for _, h := range cfg.AllowedHosts {
+		h = normalHost(h)
+		if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() || h == "" {
+			s.anyIP = true
+			continue
+		}
+		s.hosts[h] = true
+	}
+	for _, o := range cfg.CORSOrigins {
+		s.origins[strings.TrimSuffix(o, "/")] = true
+	}
+	var err error
+	if s.metrics, err = newServeMetrics(cfg.Metrics, cfg.Job); err != nil {
+		return nil, err
 	}
 	if e := cfg.Tokenizer.EOS(); e >= 0 && !contains(s.eos, e) {
 		s.eos = append(s.eos, e)
@@ -164,10 +247,10 @@ func New(cfg Config) (*Server, error) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error", CodeStr: "not_found",
+		s.writeError(w, &apiError{status: http.StatusNotFound, Type: "invalid_request_error", CodeStr: "not_found",
 			Message: fmt.Sprintf("no route %s %s; the API serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models", r.Method, r.URL.Path)})
 	})
-	s.mux = mux
+	s.handler = s.metrics.count(s.guard(mux))
 	return s, nil
 }
 
@@ -181,13 +264,13 @@ func contains(ids []int, id int) bool {
 }
 
 // Handler is the API's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Serve answers requests on l until Shutdown.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.http == nil {
-		s.http = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+		s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	}
 	hs := s.http
 	s.mu.Unlock()
@@ -214,7 +297,7 @@ func (s *Server) only(method string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != method {
 			w.Header().Set("Allow", method)
-			writeError(w, &apiError{status: http.StatusMethodNotAllowed, Type: "invalid_request_error", CodeStr: "method_not_allowed",
+			s.writeError(w, &apiError{status: http.StatusMethodNotAllowed, Type: "invalid_request_error", CodeStr: "method_not_allowed",
 				Message: fmt.Sprintf("%s %s is not allowed; use %s", r.Method, r.URL.Path, method)})
 			return
 		}

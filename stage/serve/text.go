@@ -20,6 +20,8 @@ type textTracker struct {
 	stops []string
 
 	ids      []int
+	starts   []int  // where each id's text begins in the decoded output (for logprobs)
+	decoded  int    // length of the last decoding of ids
 	sent     string // the text handed out so far: always a prefix of the final text
 	stopped  bool   // an end-of-sequence token or a stop string ended it
 	finalEnd int    // with stopped by a stop string: where the text ends
@@ -40,7 +42,9 @@ func (t *textTracker) add(id int) (delta string, stop bool) {
 		return t.flush(), true
 	}
 	t.ids = append(t.ids, id)
+	t.starts = append(t.starts, t.decoded)
 	text := t.tok.Decode(t.ids)
+	t.decoded = len(text)
 	if !strings.HasPrefix(text, t.sent) {
 		// The decoding of the longer sequence rewrote what was already
 		// sent (a tokenizer quirk): wait until it agrees again.
@@ -82,6 +86,16 @@ func (t *textTracker) flush() string {
 
 // text is the output so far (after flush: all of it).
 func (t *textTracker) text() string { return t.sent }
+
+// covered is how many of the generated ids begin inside the text handed
+// out so far: the ids whose logprobs belong with it.
+func (t *textTracker) covered() int {
+	n := 0
+	for n < len(t.starts) && t.starts[n] < len(t.sent) {
+		n++
+	}
+	return n
+}
 
 // firstStop returns where the earliest stop string begins in text, or -1.
 // Only the part that could hold a new occurrence is searched.
