@@ -47,7 +47,7 @@ func benchServe(ctx context.Context, o benchOptions, emit func(benchRow)) error 
 		return err
 	}
 	defer ck.Close()
-	whole, err := ck.LoadStage(cfg, model.Whole(cfg))
+	whole, err := ck.LoadStage(cfg, model.Whole(cfg), model.WithoutGrad())
 	if err != nil {
 		return err
 	}

@@ -143,7 +143,7 @@ func runGenerate(stdout io.Writer, f generateFlags, seeded bool) error {
 	if err != nil {
 		return fmt.Errorf("--device: %w", err)
 	}
-	st, err := ck.LoadStage(cfg, model.Whole(cfg), model.WithBackend(be))
+	st, err := ck.LoadStage(cfg, model.Whole(cfg), model.WithBackend(be), model.WithoutGrad())
 	if err != nil {
 		return err
 	}

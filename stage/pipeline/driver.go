@@ -59,7 +59,8 @@ type DriverConfig struct {
 	// StepLog is where the driver logs applied steps and rollbacks.
 	StepLog string
 	Logger  *slog.Logger
-	// ReadyTimeout bounds the wait for every stage to connect and load.
+	// ReadyTimeout bounds the wait for every stage to connect and load
+	// (default: 2 minutes, and more with the bytes of a checkpoint to send).
 	ReadyTimeout time.Duration
 }
 
@@ -148,9 +149,6 @@ func (rt *Runtime) NewDriver(cfg DriverConfig, coord Coordinator) (*Driver, erro
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = rt.log
-	}
-	if cfg.ReadyTimeout == 0 {
-		cfg.ReadyTimeout = 2 * time.Minute
 	}
 	if cfg.Spec.FromCheckpoint && cfg.Weights == nil {
 		return nil, errors.New("pipeline: a job that starts from a checkpoint needs its weights")
@@ -413,7 +411,8 @@ func (d *Driver) connect(ctx context.Context) error {
 			}
 		}()
 	}
-	deadline := time.NewTimer(d.cfg.ReadyTimeout)
+	timeout := readyTimeout(d.cfg.ReadyTimeout, d.plan, d.cfg.Spec.FromCheckpoint)
+	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
 		all := true
@@ -436,7 +435,7 @@ func (d *Driver) connect(ctx context.Context) error {
 					missing = append(missing, id.ShortString())
 				}
 			}
-			return &stageFailure{peer: missing[0], err: fmt.Errorf("stages %v not ready within %v", missing, d.cfg.ReadyTimeout)}
+			return &stageFailure{peer: missing[0], err: fmt.Errorf("stages %v not ready within %v", missing, timeout)}
 		case l := <-d.linkCh:
 			d.adoptLink(ctx, l)
 		case p := <-d.planCh:

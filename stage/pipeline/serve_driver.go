@@ -63,7 +63,7 @@ type ServeConfig struct {
 	Pseudonyms *Permutation
 	Logger     *slog.Logger
 	// ReadyTimeout bounds the wait for every stage to connect and load
-	// its weights (default 2 minutes).
+	// its weights (default: a minute plus the weights' bytes at 4 MiB/s).
 	ReadyTimeout time.Duration
 	// KeepAlive is how often idle links carry a ping (default 1 minute).
 	KeepAlive time.Duration
@@ -199,9 +199,6 @@ func (rt *Runtime) NewServer(cfg ServeConfig, coord Coordinator) (*Server, error
 	if cfg.Logger == nil {
 		cfg.Logger = rt.log
 	}
-	if cfg.ReadyTimeout == 0 {
-		cfg.ReadyTimeout = 2 * time.Minute
-	}
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = serveKeepAlive
 	}
@@ -232,7 +229,7 @@ func (rt *Runtime) NewServer(cfg ServeConfig, coord Coordinator) (*Server, error
 		inflight: map[uint64]*flight{},
 	}
 	L := spec.Model.Layers
-	opts := []model.Option{model.WithBackend(rt.backend)}
+	opts := []model.Option{model.WithBackend(rt.backend), model.WithoutGrad()}
 	if s.first, err = cfg.Weights.LoadStage(spec.Model, model.Span{First: 0, Last: 0, Embed: true}, opts...); err != nil {
 		return nil, fmt.Errorf("pipeline: load the embedding: %w", err)
 	}
@@ -400,8 +397,11 @@ func (s *Server) connect(ctx, runCtx context.Context) error {
 			}
 		}()
 	}
-	deadline := time.NewTimer(s.cfg.ReadyTimeout)
+	start, timeout := time.Now(), readyTimeout(s.cfg.ReadyTimeout, s.plan, true)
+	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
+	progress := time.NewTicker(10 * time.Second)
+	defer progress.Stop()
 	for {
 		all := true
 		for _, id := range s.stagePeers() {
@@ -423,7 +423,15 @@ func (s *Server) connect(ctx, runCtx context.Context) error {
 					missing = append(missing, id.String())
 				}
 			}
-			return &serveFailure{peer: missing[0], err: fmt.Errorf("%d stage nodes not ready within %v", len(missing), s.cfg.ReadyTimeout)}
+			return &serveFailure{peer: missing[0], err: fmt.Errorf("%d stage nodes not ready within %v", len(missing), timeout)}
+		case <-progress.C:
+			n := 0
+			for _, id := range s.stagePeers() {
+				if s.ready[id] {
+					n++
+				}
+			}
+			s.log.Info("waiting for the stages to load their weights", "ready", n, "of", len(s.stagePeers()), "waited", time.Since(start).Round(time.Second), "deadline", timeout)
 		case l := <-s.linkCh:
 			s.adoptLink(runCtx, l)
 		case p := <-s.planCh:

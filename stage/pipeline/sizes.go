@@ -3,6 +3,7 @@ package pipeline
 import (
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
@@ -30,6 +31,30 @@ func weightsLimit(p *job.Plan, stage int) int64 { return 4*stageParams(p, stage)
 
 // gradsLimit bounds a replica's gradients.
 func gradsLimit(p *job.Plan, stage int) int64 { return 4*stageParams(p, stage) + headerSlack }
+
+// Readiness waits for weights to move, so its deadline grows with them: a
+// base for linking, plus the bytes at a slow WAN's rate. A node that is
+// alive but starved is not taken for lost just because the model is big.
+const (
+	readyBase = time.Minute
+	readyRate = 4 << 20 // bytes per second
+)
+
+// readyTimeout is the deadline for every stage of p to link and load when
+// each must first receive its weights (weights), or only link.
+func readyTimeout(set time.Duration, p *job.Plan, weights bool) time.Duration {
+	if set > 0 {
+		return set
+	}
+	if !weights {
+		return 2 * time.Minute
+	}
+	var bytes int64
+	for i, s := range p.Stages {
+		bytes += weightsLimit(p, i) * int64(len(s.Replicas))
+	}
+	return readyBase + time.Duration(bytes/readyRate)*time.Second
+}
 
 // spoolDir is where this node's blobs of job jobID are received: under
 // the data dir, or the system's temporary directory without one.
