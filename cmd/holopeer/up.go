@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"path/filepath"
 	"time"
 
@@ -126,6 +127,20 @@ func (f *upFlags) changed(name string) bool { return f.flags != nil && f.flags.C
 
 // config turns the flags into a node config, with one clear error per bad
 // flag.
+// limitMemory sets the Go runtime's soft memory limit to what the node
+// lends plus room for the node itself, so the collector works harder
+// before the process grows past its share (an explicit GOMEMLIMIT wins).
+func limitMemory(lend uint64) {
+	if lend == 0 || os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	debug.SetMemoryLimit(int64(lend + nodeOverhead))
+}
+
+// nodeOverhead is what a node needs besides its stages: libp2p, the DHT,
+// gossip and the APIs.
+const nodeOverhead = 256 << 20
+
 func (f *upFlags) config() (node.Config, error) {
 	log, err := newLogger(Stderr, f.logLevel)
 	if err != nil {
@@ -224,6 +239,7 @@ direct or relayed and why. A publicly reachable node relays for others unless
 			if err != nil {
 				return err
 			}
+			limitMemory(cfg.Offer.MemoryBytes)
 			n, err := node.Start(cmd.Context(), cfg)
 			if err != nil {
 				return err

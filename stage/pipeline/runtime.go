@@ -251,13 +251,35 @@ func (rt *Runtime) Assign(ctx context.Context, signed []byte, from peer.ID) erro
 // per-stage state need more memory than the node lends; what names the
 // stage in the refusal.
 func (rt *Runtime) fits(p *job.Plan, stage int, what string) error {
+	if rt.memory == 0 {
+		return nil
+	}
 	sp := p.Stages[stage]
-	need := spanBytes(p, stage) + p.Spec.StageBytes()
-	if rt.memory > 0 && need > rt.memory {
-		return fmt.Errorf("%w: %s %d (blocks %d-%d) needs %d MiB, this node lends %d MiB", ErrRefused, what, stage, sp.First, sp.Last-1, need>>20, rt.memory>>20)
+	need := stageNeed(p, stage)
+	self := rt.host.ID().String()
+	var held uint64
+	jobs := 0
+	rt.mu.Lock()
+	for id, e := range rt.byJob {
+		if id == p.JobID || e.plan == nil || e.driver != nil || e.server != nil {
+			continue
+		}
+		if i := e.plan.StageOf(self); i >= 0 {
+			held += stageNeed(e.plan, i)
+			jobs++
+		}
+	}
+	rt.mu.Unlock()
+	if need+held > rt.memory {
+		return fmt.Errorf("%w: %s %d (blocks %d-%d) needs %d MiB on top of %d MiB for %d running jobs; this node lends %d MiB",
+			ErrRefused, what, stage, sp.First, sp.Last-1, need>>20, held>>20, jobs, rt.memory>>20)
 	}
 	return nil
 }
+
+// stageNeed is the memory estimate of stage of plan p: its blocks and the
+// stage's buffers.
+func stageNeed(p *job.Plan, stage int) uint64 { return spanBytes(p, stage) + p.Spec.StageBytes() }
 
 // update hands a newer plan of e's job to its running stage worker n;
 // a plan no newer than the one it runs is ignored.

@@ -60,7 +60,7 @@ func newStageNode(rt *Runtime, p *job.Plan, logArgs ...any) (stageNode, error) {
 	}, nil
 }
 
-// spanBytes is the size of the parameters of the blocks plan p gives
+// spanBytes is the memory estimate of the blocks plan p gives
 // stage.
 func spanBytes(p *job.Plan, stage int) uint64 {
 	sp := p.Stages[stage]
