@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/dustin/go-humanize"
