@@ -126,7 +126,7 @@ func New(opts ...Option) *Metrics {
 	}, []string{"protocol", "reason"})
 	m.receipts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "ledger_receipts_total",
-		Help: "Contribution receipts heard, by result (kept, duplicate, rejected).",
+		Help: "Contribution receipts heard, by result (kept, duplicate, held until their term is recorded, rejected).",
 	}, []string{"result"})
 	m.holePunch.WithLabelValues("success")
 	m.holePunch.WithLabelValues("failure")
