@@ -61,7 +61,10 @@ func LoadIdentity(dir string) (crypto.PrivKey, error) {
 }
 
 // CreateIdentity writes a new Ed25519 identity key into dir (mode 0600,
-// directory 0700). It refuses to overwrite an existing key.
+// directory 0700). It refuses to overwrite an existing key. The key is
+// written to a temporary file, synced, and then linked into place, so a
+// crash leaves either no key or the whole key, never a torn one (which
+// would give the node a new identity, or none, at its next start).
 func CreateIdentity(dir string) (crypto.PrivKey, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("identity: create data dir: %w", err)
@@ -75,21 +78,60 @@ func CreateIdentity(dir string) (crypto.PrivKey, error) {
 		return nil, fmt.Errorf("identity: marshal: %w", err)
 	}
 	path := filepath.Join(dir, IdentityFile)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("identity: %s already exists; refusing to overwrite it", path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("identity: %w", err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("identity: write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
+	if err := writeNewFile(path, b); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("identity: %s already exists; refusing to overwrite it", path)
+		}
 		return nil, fmt.Errorf("identity: write %s: %w", path, err)
 	}
 	return key, nil
+}
+
+// writeNewFile writes b to path (0600) unless path exists: into a synced
+// temporary file beside it, then a hard link, which (unlike rename) fails
+// if path appeared meanwhile, then a sync of the directory so the link
+// itself survives a crash.
+func writeNewFile(path string, b []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fs.ErrExist
+		}
+		// A file system without hard links: rename, having checked.
+		if _, serr := os.Lstat(path); serr == nil {
+			return fs.ErrExist
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return err
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // LoadOrCreateIdentity loads the key in dir, creating one on first use.

@@ -16,6 +16,7 @@ func init() { register(newProbeCmd) }
 func newProbeCmd() *cobra.Command {
 	var (
 		addr       string
+		dataDir    string
 		peerID     string
 		size       string
 		directOnly bool
@@ -33,9 +34,13 @@ hole-punched) connection or a relay: "can my node reach that peer directly?".
 
 Relays cap what one connection may carry (32 MiB each way by default), so a
 large probe over a relay fails by design; --direct-only never uses a relay and
-waits up to --timeout for a direct connection.`,
+waits up to --timeout for a direct connection.
+
+A probe changes what the node does, so the control API asks for the node's
+token: probe reads it from api.token in the node's --data-dir (readable only
+by the user the node runs as).`,
 		Example: `  holopeer probe --peer 12D3KooW… --bytes 16MiB
-  holopeer probe --api 127.0.0.1:7611 --peer 12D3KooW… --direct-only --json`,
+  holopeer probe --api 127.0.0.1:7611 --data-dir ~/.holopeer-2 --peer 12D3KooW… --direct-only --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if peerID == "" {
@@ -45,8 +50,12 @@ waits up to --timeout for a direct connection.`,
 			if err != nil || n == 0 {
 				return fmt.Errorf("--bytes %q: use a size such as 16MiB", size)
 			}
+			token, err := api.ReadToken(dataDir)
+			if err != nil {
+				return fmt.Errorf("probe needs the node's API token: %w", err)
+			}
 			req := api.ProbeRequest{Peer: peerID, Bytes: int64(n), DirectOnly: directOnly, Timeout: timeout.String()}
-			res, err := api.Client{Addr: addr}.Probe(cmd.Context(), req)
+			res, err := api.Client{Addr: addr, Token: token}.Probe(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -62,6 +71,7 @@ waits up to --timeout for a direct connection.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&addr, "api", api.DefaultAddr, "HOST:PORT of the node's control API")
+	fl.StringVar(&dataDir, "data-dir", defaultDataDir(), "the node's data dir, where its API token is")
 	fl.StringVar(&peerID, "peer", "", "peer id to probe")
 	fl.StringVar(&size, "bytes", "16MiB", "payload size")
 	fl.BoolVar(&directOnly, "direct-only", false, "never cross a relay; wait for a direct connection")

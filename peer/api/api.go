@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -128,18 +129,51 @@ type ProbeResult struct {
 }
 
 // Server serves the control API. Routes beyond /v1/status are added with
-// Handle before Start.
+// Handle before Start. Every request passes guard first.
 type Server struct {
-	mux    *http.ServeMux
-	status func() Status
-	log    *slog.Logger
-	srv    *http.Server
-	ln     net.Listener
+	mux      *http.ServeMux
+	status   func() Status
+	log      *slog.Logger
+	token    string
+	refusals func(reason string)
+	srv      *http.Server
+	ln       net.Listener
+
+	mu    sync.Mutex // guards hosts and anyIP (Start adds the listen host)
+	hosts map[string]bool
+	anyIP bool
 }
 
+// Option configures a Server.
+type Option func(*Server)
+
+// WithToken sets the token that state-changing requests (every method
+// but GET, HEAD and OPTIONS) must carry as Authorization: Bearer. Without
+// one the server refuses them all.
+func WithToken(token string) Option { return func(s *Server) { s.token = token } }
+
+// WithAllowedHosts adds Host names the server answers to besides loopback
+// and the host it listens on (a DNS name or a proxy's).
+func WithAllowedHosts(hosts ...string) Option {
+	return func(s *Server) {
+		for _, h := range hosts {
+			if h = normalHost(h); h != "" {
+				s.hosts[h] = true
+			}
+		}
+	}
+}
+
+// WithRefusals calls f with the reason (RefusedHost …) of every request
+// the guard refuses, for the node's refusal metric. f must not block.
+func WithRefusals(f func(reason string)) Option { return func(s *Server) { s.refusals = f } }
+
 // NewServer builds a server whose /v1/status returns status().
-func NewServer(status func() Status, log *slog.Logger) *Server {
-	s := &Server{mux: http.NewServeMux(), status: status, log: log}
+func NewServer(status func() Status, log *slog.Logger, opts ...Option) *Server {
+	s := &Server{mux: http.NewServeMux(), status: status, log: log, hosts: map[string]bool{}}
+	for _, o := range opts {
+		o(s)
+	}
 	s.mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		WriteJSON(w, http.StatusOK, s.status())
 	})
@@ -148,6 +182,9 @@ func NewServer(status func() Status, log *slog.Logger) *Server {
 
 // Handle adds a route.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// Handler is every route behind the guard: what Start serves.
+func (s *Server) Handler() http.Handler { return s.guard(s.mux) }
 
 // Start listens on addr and serves in the background.
 func (s *Server) Start(addr string) error {
@@ -158,13 +195,21 @@ func (s *Server) Start(addr string) error {
 		}
 		return fmt.Errorf("control API: %w", err)
 	}
-	if host, _, _ := net.SplitHostPort(addr); host != "" {
-		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+	host, _, _ := net.SplitHostPort(addr)
+	s.mu.Lock()
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		s.anyIP = true
+	} else if h := normalHost(host); h != "" {
+		s.hosts[h] = true
+	}
+	s.mu.Unlock()
+	if ip := net.ParseIP(host); host == "" || ip == nil || !ip.IsLoopback() {
+		if host != "localhost" {
 			s.log.Warn("control API listens beyond loopback; anyone who can reach it can read node status", "addr", addr)
 		}
 	}
 	s.ln = ln
-	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 5 * time.Second}
+	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 64 << 10}
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("control API stopped", "err", err)
@@ -200,8 +245,9 @@ func WriteJSON(w http.ResponseWriter, code int, v any) {
 
 // Client reads a node's control API.
 type Client struct {
-	Addr string
-	HTTP *http.Client
+	Addr  string
+	HTTP  *http.Client
+	Token string // the node's API token (ReadToken): needed by Probe and other POSTs
 }
 
 // Status fetches /v1/status.
@@ -234,6 +280,9 @@ func (c Client) PostJSON(ctx context.Context, path string, in, out any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("cannot reach the node's control API at %s (is `holopeer up` running with --api %s?): %w", c.Addr, c.Addr, err)

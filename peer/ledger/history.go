@@ -106,7 +106,7 @@ func OpenHistory(path, swarm string) (*History, error) {
 	} else if err != nil {
 		return nil, err
 	}
-	if h.f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err != nil {
+	if h.f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err != nil {
 		return nil, fmt.Errorf("ledger: history: %w", err)
 	}
 	return h, nil

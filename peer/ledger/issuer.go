@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -23,9 +24,29 @@ type Issuer struct {
 	swarm string
 	grace time.Duration
 
-	mu    sync.Mutex // guards peers
-	peers map[string]*peerTally
+	mu     sync.Mutex // guards peers and limits
+	peers  map[string]*peerTally
+	limits map[string]JobLimit
 }
+
+// JobLimit is what a job's signed spec says one report of its work can
+// hold: the issuer credits no step past LastStep and no more tokens than
+// TokensPerStep for each step. Zero fields bound nothing.
+type JobLimit struct {
+	TokensPerStep int64 // tokens one stage processes in a step (microbatches × rows × seq_len)
+	LastStep      int64 // the job's final step (steps are numbered from 1)
+}
+
+// MaxTokensPerComputeS caps the tokens credited per second of compute
+// claimed, whatever the job: about a million a second, far beyond what
+// one stage of the models holopeer runs processes. Work reports come from
+// the job's researcher, who could otherwise claim any count; with a
+// JobLimit the signed spec bounds them more tightly.
+const MaxTokensPerComputeS = 1 << 20
+
+// resumeSlack is how far past now a stored receipt's period may end and
+// still be believed by Resume (clock skew between nodes).
+const resumeSlack = time.Minute
 
 type peerTally struct {
 	periodStart time.Time // end of the last receipt's period, or the first sighting
@@ -56,7 +77,7 @@ func NewIssuer(key crypto.PrivKey, swarm string, grace time.Duration) (*Issuer, 
 	if grace <= 0 {
 		grace = DefaultPresenceGrace
 	}
-	return &Issuer{key: key, id: id.String(), swarm: swarm, grace: grace, peers: map[string]*peerTally{}}, nil
+	return &Issuer{key: key, id: id.String(), swarm: swarm, grace: grace, peers: map[string]*peerTally{}, limits: map[string]JobLimit{}}, nil
 }
 
 func (is *Issuer) tally(p string) *peerTally {
@@ -92,15 +113,43 @@ func (is *Issuer) Seen(p string, at time.Time) {
 	}
 }
 
+// LimitJob bounds the work credited for job by its signed spec (see
+// JobLimit). Call it before Work; it applies to later reports.
+func (is *Issuer) LimitJob(job string, l JobLimit) {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	is.limits[job] = l
+}
+
+// ForgetJob drops a finished job's limit.
+func (is *Issuer) ForgetJob(job string) {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	delete(is.limits, job)
+}
+
 // Work credits peer with job steps [fromStep, toStep), computeS seconds of
 // compute and tokens processed, as its progress reports say. Steps already
-// credited are cut off, with their share of compute and tokens.
+// credited are cut off, with their share of compute and tokens. Tokens
+// are capped by MaxTokensPerComputeS and the job's JobLimit; compute by
+// the wall-clock time a receipt covers (Issue).
 func (is *Issuer) Work(p, job string, fromStep, toStep int64, computeS float64, tokens int64) {
-	if job == "" || toStep <= fromStep || computeS < 0 || tokens < 0 {
+	if job == "" || toStep <= fromStep || math.IsNaN(computeS) || math.IsInf(computeS, 0) || computeS < 0 || tokens < 0 {
 		return
 	}
 	is.mu.Lock()
 	defer is.mu.Unlock()
+	lim := is.limits[job]
+	if lim.LastStep > 0 && toStep > lim.LastStep+1 {
+		if fromStep > lim.LastStep {
+			return
+		}
+		keep := float64(lim.LastStep+1-fromStep) / float64(toStep-fromStep)
+		computeS *= keep
+		tokens = int64(float64(tokens) * keep)
+		toStep = lim.LastStep + 1
+	}
+	tokens = min(tokens, tokenCap(toStep-fromStep, computeS, lim))
 	t := is.tally(p)
 	j := t.jobs[job]
 	if j == nil {
@@ -122,18 +171,48 @@ func (is *Issuer) Work(p, job string, fromStep, toStep int64, computeS float64, 
 	}
 	j.to = toStep
 	j.computeS += computeS
-	j.tokens += tokens
+	j.tokens = min(j.tokens+tokens, MaxTokens)
+}
+
+// tokenCap is the most tokens one report of steps steps and computeS
+// seconds may credit.
+func tokenCap(steps int64, computeS float64, lim JobLimit) int64 {
+	c := int64(min(math.Ceil(max(computeS, 1)*MaxTokensPerComputeS), float64(MaxTokens)))
+	if lim.TokensPerStep > 0 && steps > 0 {
+		if steps > MaxTokens/lim.TokensPerStep {
+			return c
+		}
+		c = min(c, steps*lim.TokensPerStep)
+	}
+	return c
 }
 
 // Resume learns from receipts already issued (by earlier terms, or before
-// a restart) where each peer's credit ends.
-func (is *Issuer) Resume(receipts []Receipt) {
-	is.mu.Lock()
-	defer is.mu.Unlock()
+// a restart) where each peer's credit ends. It uses only receipts that
+// verify: well-formed, of this swarm, signed by the coordinator terms
+// records for their term, and not ending in the future. So a forged or
+// doctored receipt in the store, or one of a term this node never
+// accepted, cannot move a peer's credit on and deny it what it earns. It
+// returns how many receipts it used.
+func (is *Issuer) Resume(receipts []Receipt, terms TermHistory, now time.Time) int {
+	if terms == nil {
+		return 0
+	}
+	used := 0
 	for _, r := range receipts {
-		if r.Swarm != is.swarm {
+		if r.Swarm != is.swarm || r.Validate() != nil {
 			continue
 		}
+		if c, ok := terms.CoordinatorOf(r.Term); !ok || c != r.Coordinator {
+			continue
+		}
+		if r.PeriodEnd.After(now.Add(resumeSlack)) || r.IssuedAt.After(now.Add(resumeSlack)) {
+			continue
+		}
+		if r.CheckSignature() != nil {
+			continue
+		}
+		is.mu.Lock()
 		t := is.tally(r.Peer)
 		if r.PeriodEnd.After(t.periodStart) {
 			t.periodStart = r.PeriodEnd
@@ -146,7 +225,10 @@ func (is *Issuer) Resume(receipts []Receipt) {
 			}
 			j.credited = max(j.credited, r.ToStep)
 		}
+		is.mu.Unlock()
+		used++
 	}
+	return used
 }
 
 // Issue signs, for term, a receipt for each peer and job with anything

@@ -214,7 +214,7 @@ func TestStore(t *testing.T) {
 	w := newWorld(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, ReceiptsFile)
-	s, err := OpenStore(path, "lab", WithMaxReceipts(3), WithTermCheck(w.hist))
+	s, err := OpenStore(path, "lab", WithMaxReceipts(3), WithMaxPerSigner(3), WithTermCheck(w.hist))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,8 +236,11 @@ func TestStore(t *testing.T) {
 	if _, err := s.Add(mustSign(t, jobReceipt(40, w.d, 0, 100, t0), w.b)); !errors.Is(err, ErrUnknownTerm) {
 		t.Fatalf("far future term: %v", err)
 	}
-	if added, err := s.Add(mustSign(t, jobReceipt(3, w.d, 0, 100, t0), w.m)); !added || err != nil {
-		t.Fatalf("a receipt of a term not yet known is kept for later: %v %v", added, err)
+	if added, err := s.Add(mustSign(t, jobReceipt(3, w.d, 0, 100, t0), w.m)); added || !errors.Is(err, ErrUnknownTerm) {
+		t.Fatalf("a receipt of a term not known is refused, not stored: %v %v", added, err)
+	}
+	if added, err := s.Add(mustSign(t, jobReceipt(1, w.d, 0, 100, t0), w.a)); !added || err != nil {
+		t.Fatalf("add: %v %v", added, err)
 	}
 	b, _ := mustSign(t, jobReceipt(2, w.c, 100, 200, t0.Add(time.Hour)), w.b).Encode()
 	if added, err := s.AddEncoded(b); !added || err != nil {
@@ -261,7 +264,7 @@ func TestStore(t *testing.T) {
 		t.Fatalf("reopened: %d receipts, %d skipped; want 3 and 3", s.Len(), s.Skipped())
 	}
 	rep := Verify("lab", s.Receipts(), w.hist)
-	if rep.Accepted != 2 || len(rep.Rejected) != 1 || !errors.Is(rep.Rejected[0].Err, ErrUnknownTerm) {
+	if rep.Accepted != 3 || len(rep.Rejected) != 0 {
 		t.Fatalf("verify after reopen: %+v", rep)
 	}
 	if _, err := s.Add(mustSign(t, func() Receipt { r := jobReceipt(1, w.c, 0, 100, t0); r.Swarm = "x"; return r }(), w.a)); !errors.Is(err, ErrOtherSwarm) {
@@ -356,7 +359,9 @@ func TestIssuer(t *testing.T) {
 	// credit the same steps or time again even if told so.
 	is2, _ := NewIssuer(w.b.key, "lab", 10*time.Second)
 	all := append(first, second...)
-	is2.Resume(all)
+	if n := is2.Resume(all, w.hist, t0.Add(4*time.Minute)); n != len(all) {
+		t.Fatalf("resume used %d of %d genuine receipts", n, len(all))
+	}
 	is2.Work(w.c.id, "job-1", 90, 130, 40, 40_000)
 	is2.Seen(w.c.id, t0.Add(175*time.Second)) // the last period ended at 180 s: only 3 s count
 	is2.Seen(w.c.id, t0.Add(183*time.Second))
@@ -390,11 +395,14 @@ func TestHandlerAndFetch(t *testing.T) {
 	for _, r := range []Receipt{
 		mustSign(t, jobReceipt(1, w.c, 0, 100, t0), w.a),
 		mustSign(t, jobReceipt(2, w.d, 0, 100, t0), w.b),
-		mustSign(t, jobReceipt(3, w.d, 100, 200, t0), w.m), // unknown term: kept, not counted
 	} {
 		if _, err := l.Add(r); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A receipt of a term not yet recorded is held, not stored.
+	if _, err := l.Add(mustSign(t, jobReceipt(3, w.d, 100, 200, t0), w.m)); !errors.Is(err, ErrTermPending) {
+		t.Fatalf("next term: %v", err)
 	}
 	if n := len(l.Leaderboard()); n != 2 {
 		t.Fatalf("leaderboard of %d", n)
@@ -407,7 +415,7 @@ func TestHandlerAndFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := Verify("lab", rs, hist)
-	if !reflect.DeepEqual(got.Totals, l.Report().Totals) || len(got.Rejected) != 1 {
+	if !reflect.DeepEqual(got.Totals, l.Report().Totals) || len(got.Rejected) != 0 || len(rs) != 2 {
 		t.Fatalf("fetched and verified elsewhere: %+v, node says %+v", got, l.Report())
 	}
 }

@@ -4,7 +4,7 @@
 //
 // Two ways in, used together:
 //   - push: the packages that see an event call a method (ObserveStep,
-//     AddBytes, Reject, HolePunch, SetCoordinator …);
+//     AddBytes, Refused, HolePunch, SetCoordinator …);
 //   - pull: gauges that describe the node's present state (peers by
 //     connection type, the coordinator and its term, per-job tokens/s, step
 //     and loss) are read at scrape time from the functions given with
@@ -121,12 +121,12 @@ func New(opts ...Option) *Metrics {
 		Help: "Tokens this node's stage processed, by job.",
 	}, []string{"job"})
 	m.rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Name: "validation_rejections_total",
-		Help: "Messages refused by validation (gossip, stage frames, receipts), by topic and reason.",
-	}, []string{"topic", "reason"})
+		Namespace: Namespace, Name: "refused_total",
+		Help: "Requests and messages this node refused, by protocol (a libp2p protocol or gossip topic, control-api, ledger) and reason.",
+	}, []string{"protocol", "reason"})
 	m.receipts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "ledger_receipts_total",
-		Help: "Contribution receipts heard, by result (kept, duplicate, rejected).",
+		Help: "Contribution receipts heard, by result (kept, duplicate, held until their term is recorded, rejected).",
 	}, []string{"result"})
 	m.holePunch.WithLabelValues("success")
 	m.holePunch.WithLabelValues("failure")
@@ -181,16 +181,25 @@ func (m *Metrics) AddTokens(job string, n int64) {
 	m.tokens.WithLabelValues(m.jobLabels.get(job)).Add(float64(n))
 }
 
-// Reject counts a message refused by validation on topic (a gossip topic,
-// "stage", "ledger") for reason (a short fixed word, not an error text).
-func (m *Metrics) Reject(topic, reason string) {
-	key := m.reasonLabels.get(clipLabel(topic) + "\x00" + clipLabel(reason))
-	t, r := otherLabel, otherLabel
-	if key != otherLabel {
-		t, r = clipLabel(topic), clipLabel(reason)
+// Refused counts one request or message this node refused: protocol is
+// where it came in (a libp2p protocol id or gossip topic, "control-api",
+// "ledger"), reason a short fixed word, not an error text. Past a few
+// hundred distinct pairs, further ones count under "other". A nil
+// Metrics counts nothing, so callers need not check.
+func (m *Metrics) Refused(protocol, reason string) {
+	if m == nil {
+		return
 	}
-	m.rejections.WithLabelValues(t, r).Inc()
+	key := m.reasonLabels.get(clipLabel(protocol) + "\x00" + clipLabel(reason))
+	p, r := otherLabel, otherLabel
+	if key != otherLabel {
+		p, r = clipLabel(protocol), clipLabel(reason)
+	}
+	m.rejections.WithLabelValues(p, r).Inc()
 }
+
+// Reject is Refused under its older name (topic is the protocol).
+func (m *Metrics) Reject(topic, reason string) { m.Refused(topic, reason) }
 
 // Receipt counts a ledger receipt heard: "kept", "duplicate" or "rejected".
 func (m *Metrics) Receipt(result string) { m.receipts.WithLabelValues(clipLabel(result)).Inc() }

@@ -87,8 +87,8 @@ func TestPushed(t *testing.T) {
 	m.AddBytes("fp32", 4096)
 	m.AddTokens("job-1", 512)
 	m.SetTokensPerS("job-1", 812.5)
-	m.Reject("holopeer/lab/presence", "stale")
-	m.Reject("holopeer/lab/presence", "stale")
+	m.Refused("holopeer/lab/presence", "stale")
+	m.Refused("holopeer/lab/presence", "stale")
 	m.Reject("stage", "bad-shape")
 	m.Receipt("kept")
 
@@ -110,8 +110,8 @@ func TestPushed(t *testing.T) {
 		{"holopeer_bytes_sent_total", map[string]string{"codec": "fp32"}, 4096},
 		{"holopeer_tokens_processed_total", map[string]string{"job": "job-1"}, 512},
 		{"holopeer_job_tokens_per_second", map[string]string{"job": "job-1"}, 812.5},
-		{"holopeer_validation_rejections_total", map[string]string{"topic": "holopeer/lab/presence", "reason": "stale"}, 2},
-		{"holopeer_validation_rejections_total", map[string]string{"topic": "stage", "reason": "bad-shape"}, 1},
+		{"holopeer_refused_total", map[string]string{"protocol": "holopeer/lab/presence", "reason": "stale"}, 2},
+		{"holopeer_refused_total", map[string]string{"protocol": "stage", "reason": "bad-shape"}, 1},
 		{"holopeer_ledger_receipts_total", map[string]string{"result": "kept"}, 1},
 	} {
 		if got := value(t, fams, c.name, c.labels); got != c.want {

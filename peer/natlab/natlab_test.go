@@ -67,6 +67,7 @@ type node struct {
 	err  bytes.Buffer
 	done chan struct{}
 	id   string
+	dir  string // data dir: probe reads the API token there
 }
 
 type lockedWriter struct {
@@ -101,9 +102,10 @@ var idRE = regexp.MustCompile(`peer id\s+(\S+)`)
 // start runs `holopeer up` in ns and waits for its banner.
 func start(t *testing.T, lab *Lab, name, ns string, args ...string) *node {
 	t.Helper()
-	all := append([]string{"up", "--data-dir", filepath.Join(t.TempDir(), name), "--swarm", swarm,
+	dir := filepath.Join(t.TempDir(), name)
+	all := append([]string{"up", "--data-dir", dir, "--swarm", swarm,
 		"--port-base", fmt.Sprint(portBase), "--log-level", "debug"}, args...)
-	n := &node{name: name, ns: ns, cmd: lab.Command(context.Background(), ns, binPath, all...), done: make(chan struct{})}
+	n := &node{name: name, ns: ns, dir: dir, cmd: lab.Command(context.Background(), ns, binPath, all...), done: make(chan struct{})}
 	n.cmd.Stdout = lockedWriter{&n.mu, &n.out}
 	n.cmd.Stderr = lockedWriter{&n.mu, &n.err}
 	if err := n.cmd.Start(); err != nil {
@@ -165,7 +167,7 @@ func (n *node) probe(lab *Lab, peer string) (api.ProbeResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var res api.ProbeResult
-	out, err := n.holopeer(ctx, lab, "probe", "--api", apiAddr, "--peer", peer, "--bytes", fmt.Sprint(payload), "--timeout", "60s", "--json")
+	out, err := n.holopeer(ctx, lab, "probe", "--api", apiAddr, "--data-dir", n.dir, "--peer", peer, "--bytes", fmt.Sprint(payload), "--timeout", "60s", "--json")
 	if err != nil {
 		return res, err
 	}

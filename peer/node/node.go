@@ -160,7 +160,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}()
 	}
 	if cfg.API != "off" {
-		n.api = api.NewServer(n.Status, cfg.Logger)
+		token, err := api.LoadOrCreateToken(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		n.api = api.NewServer(n.Status, cfg.Logger, api.WithToken(token),
+			api.WithRefusals(func(reason string) { n.metrics.Refused("control-api", reason) }))
 		n.api.Handle("POST /v1/probe", http.HandlerFunc(n.serveProbe))
 		n.api.Handle("GET /v1/jobs", http.HandlerFunc(n.serveJobs))
 		n.api.Handle("GET /metrics", n.metrics.Handler())

@@ -25,13 +25,14 @@ type receiptUpdate struct {
 
 func (n *Node) startReporting() error {
 	var err error
-	if n.ledger, err = ledger.Open(n.cfg.DataDir, n.cfg.Swarm, ledger.WithLogger(n.log)); err != nil {
+	n.metrics = metrics.New(metrics.WithStatus(n.Status), metrics.WithJobs(n.Jobs))
+	refused := func(reason string) { n.metrics.Refused("ledger", reason) }
+	if n.ledger, err = ledger.Open(n.cfg.DataDir, n.cfg.Swarm, ledger.WithLogger(n.log), ledger.WithRefusals(refused)); err != nil {
 		return err
 	}
 	if n.issuer, err = ledger.NewIssuer(n.host.PrivateKey(), n.cfg.Swarm, 0); err != nil {
 		return err
 	}
-	n.metrics = metrics.New(metrics.WithStatus(n.Status), metrics.WithJobs(n.Jobs))
 	if n.cfg.Dashboard {
 		if n.dash, err = dashboard.New(n, dashboard.WithLogger(n.log)); err != nil {
 			return err
@@ -60,7 +61,7 @@ func (n *Node) followElection(ctx context.Context) {
 		if c.Self {
 			// A new coordinator learns where earlier receipts ended, so no
 			// step or hour is credited twice across terms.
-			n.issuer.Resume(n.ledger.Store().Receipts())
+			n.issuer.Resume(n.ledger.Store().Receipts(), n.ledger.History(), time.Now())
 		}
 	}
 }
@@ -86,6 +87,15 @@ func (n *Node) countPresence(ctx context.Context) {
 // its stage nodes did up to a checkpoint; sign a receipt for each and
 // gossip them.
 func (n *Node) onWork(term uint64, jobID string, from, to uint64, work []job.WorkItem) {
+	// The signed spec bounds what a work report may credit.
+	for _, p := range n.coord.Jobs() {
+		if p.JobID == jobID && p.Spec.Kind == job.KindTrain {
+			n.issuer.LimitJob(jobID, ledger.JobLimit{
+				TokensPerStep: int64(p.Spec.Microbatches) * int64(p.Spec.MicrobatchTokens()),
+				LastStep:      int64(p.Spec.Steps),
+			})
+		}
+	}
 	for _, w := range work {
 		n.issuer.Work(w.Peer, jobID, int64(from), int64(to), w.ComputeS, w.Tokens)
 	}
@@ -119,11 +129,14 @@ func (n *Node) takeReceipt(author string, raw json.RawMessage) {
 	r, err := ledger.CheckIncoming(raw, n.cfg.Swarm, author, n.ledger.History())
 	if err != nil {
 		n.metrics.Receipt("rejected")
+		n.metrics.Refused("ledger", ledger.Reason(err))
 		n.log.Debug("receipt refused", "from", author, "err", err)
 		return
 	}
 	added, err := n.ledger.Add(r)
 	switch {
+	case errors.Is(err, ledger.ErrTermPending):
+		n.metrics.Receipt("held")
 	case err != nil:
 		n.metrics.Receipt("rejected")
 	case added:
