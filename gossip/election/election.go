@@ -77,7 +77,7 @@ type Node struct {
 	term     uint64
 	coord    string
 	att      Attestation
-	claimKey [32]byte // digest of the accepted claim's nonce and evidence
+	claimKey [32]byte   // digest of the accepted claim's nonce and evidence
 	proof    ClaimProof // of coord's claim for term, when known
 	live     bool
 	lease    int // ticks a lapse takes (follower) / wait before standing (not live)
