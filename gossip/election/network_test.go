@@ -74,6 +74,7 @@ type tnode struct {
 type netOpts struct {
 	hb, lease, backoff, maxBackoff int
 	attestDelay                    int
+	maxJump                        uint64
 }
 
 type network struct {
@@ -134,10 +135,12 @@ func (nw *network) config(id string, stand bool, restore Status) Config {
 		ID: id, Swarm: testSwarm, CanStand: stand, Verify: testVerify,
 		HeartbeatTicks: nw.opts.hb, LeaseTicks: nw.opts.lease,
 		BackoffTicks: nw.opts.backoff, MaxBackoffTicks: nw.opts.maxBackoff,
-		Rand: randReader{src},
+		MaxTermJump: nw.opts.maxJump,
+		Rand:        randReader{src},
 	}
 	if restore.Term > 0 {
-		cfg.RestoreTerm, cfg.RestoreCoordinator = restore.Term, restore.Coordinator
+		// The caller persists the floor with the proof of its claim.
+		cfg.RestoreTerm, cfg.RestoreCoordinator, cfg.RestoreProof = restore.Term, restore.Coordinator, restore.Proof
 	}
 	return cfg
 }
@@ -263,7 +266,7 @@ func (nw *network) record(err error) {
 	if err == nil {
 		return
 	}
-	for _, s := range []error{ErrMalformed, ErrStaleTerm, ErrConflict, ErrEvidence, ErrForgedParent, ErrUncheckedParent, ErrStaleAttestation} {
+	for _, s := range []error{ErrMalformed, ErrStaleTerm, ErrConflict, ErrEvidence, ErrForgedParent, ErrUncheckedParent, ErrStaleAttestation, ErrTermJump} {
 		if errors.Is(err, s) {
 			nw.errs[s.Error()]++
 			break
