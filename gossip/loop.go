@@ -90,7 +90,16 @@ func (s *Service) publishElection(m election.Message) {
 			s.log.Error("gossip: vote for undecodable peer", "peer", m.Coordinator, "err", derr)
 			return
 		}
-		b, err = (&Vote{Term: m.Term, IssuedAt: now, Voter: s.self, Coordinator: coord}).Marshal()
+		v := &Vote{Term: m.Term, IssuedAt: now, Voter: s.self, Coordinator: coord,
+			Salt: m.Salt, Evidence: m.Evidence,
+			Parent: ClaimParent{Term: m.Parent.Term, Seq: m.Parent.Seq, Beacon: m.Parent.Beacon}}
+		if m.Parent.Coordinator != "" {
+			if v.Parent.Coordinator, err = lpeer.Decode(m.Parent.Coordinator); err != nil {
+				s.log.Error("gossip: vote proof parent undecodable", "peer", m.Parent.Coordinator, "err", err)
+				return
+			}
+		}
+		b, err = v.Marshal()
 	default:
 		c := &Claim{
 			Candidacy: m.Type == election.MsgCandidacy, Term: m.Term, IssuedAt: now,

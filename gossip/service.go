@@ -100,6 +100,7 @@ type Service struct {
 
 	// Wholly owned by the run goroutine.
 	node     *election.Node
+	maxJump  uint64 // node's MaxTermJump, for the validators (read-only after New)
 	lastTerm uint64
 
 	// Written by run, read by anyone.
@@ -219,7 +220,7 @@ func New(ctx context.Context, h host.Host, opts ...Option) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gossip: %w", err)
 	}
-	s.node, s.lastTerm = node, restoreTerm
+	s.node, s.lastTerm, s.maxJump = node, restoreTerm, node.Config().MaxTermJump
 	s.fence.Advance(restoreTerm)
 
 	s.ctx, s.cancel = context.WithCancel(ctx)

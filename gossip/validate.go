@@ -25,6 +25,7 @@ const (
 	ReasonStale       = "stale"         // issued before the freshness window
 	ReasonFuture      = "future"        // issued too far ahead of our clock
 	ReasonStaleTerm   = "stale-term"    // older term than the newest accepted (fencing)
+	ReasonTermJump    = "term-jump"     // more than the election's MaxTermJump above the newest accepted
 	ReasonDuplicate   = "duplicate"     // not newer than what we have
 	ReasonConflict    = "conflict"      // a second coordinator for an accepted term
 	ReasonParent      = "forged-parent" // nonce descends from a beacon never sent
@@ -81,7 +82,29 @@ func (s *Service) validateElection(ctx context.Context, _ lpeer.ID, m *pubsub.Me
 		if vote.Term < s.fence.Newest() {
 			return s.ignore(topic, ReasonStaleTerm, author, fmt.Errorf("vote for term %d, accepted %d", vote.Term, s.fence.Newest()))
 		}
-		m.ValidatorData = election.Message{Type: election.MsgVote, From: author.String(), Term: vote.Term, Coordinator: vote.Coordinator.String()}
+		if err := s.termJump(vote.Term); err != nil {
+			return s.ignore(topic, ReasonTermJump, author, err)
+		}
+		em := election.Message{Type: election.MsgVote, From: author.String(), Term: vote.Term, Coordinator: vote.Coordinator.String()}
+		if len(vote.Evidence) > 0 {
+			// A proof moves a coordinator to a new term, so check it here
+			// as a claim's evidence is: a forged one costs its sender score
+			// and never reaches the election. Honest votes repeat the same
+			// proof, which the verify cache answers.
+			em.Salt, em.Evidence = vote.Salt, vote.Evidence
+			em.Parent = election.Parent{Term: vote.Parent.Term, Seq: vote.Parent.Seq, Beacon: vote.Parent.Beacon}
+			if vote.Parent.Coordinator != "" {
+				em.Parent.Coordinator = vote.Parent.Coordinator.String()
+			}
+			nonce := election.Nonce(s.cfg.swarm, em.Term, em.Parent, em.Salt)
+			if _, err := s.verify(ctx, vote.Coordinator, vote.Term, nonce[:], vote.Evidence); err != nil {
+				if errors.Is(err, errVerifyInterrupted) {
+					return s.ignore(topic, ReasonVerifyTimeout, author, err)
+				}
+				return s.reject(topic, ReasonEvidence, author, fmt.Errorf("vote proof for %s term %d: %w", vote.Coordinator, vote.Term, err))
+			}
+		}
+		m.ValidatorData = em
 		return pubsub.ValidationAccept
 	}
 	if claim.Coordinator != author {
@@ -93,6 +116,9 @@ func (s *Service) validateElection(ctx context.Context, _ lpeer.ID, m *pubsub.Me
 	if newest := s.fence.Newest(); claim.Term < newest {
 		return s.ignore(topic, ReasonStaleTerm, author, fmt.Errorf("claim for term %d, accepted %d", claim.Term, newest))
 	}
+	if err := s.termJump(claim.Term); err != nil {
+		return s.ignore(topic, ReasonTermJump, author, err)
+	}
 	em := s.toElection(author, claim)
 	nonce := election.Nonce(s.cfg.swarm, em.Term, em.Parent, em.Salt)
 	if _, err := s.verify(ctx, author, claim.Term, nonce[:], claim.Evidence); err != nil {
@@ -103,6 +129,19 @@ func (s *Service) validateElection(ctx context.Context, _ lpeer.ID, m *pubsub.Me
 	}
 	m.ValidatorData = em
 	return pubsub.ValidationAccept
+}
+
+// termJump refuses, before any verification and before it is forwarded, a
+// term the election would refuse as too far above the newest accepted
+// (election.Config.MaxTermJump): one hostile claim for term 2^64-1 must not
+// travel the swarm. Ignored, not rejected: an honest peer far ahead after a
+// long partition is not at fault.
+func (s *Service) termJump(term uint64) error {
+	newest, bound := s.fence.Newest(), s.maxJump
+	if bound > 0 && term > newest && term-newest > bound {
+		return fmt.Errorf("term %d is more than %d above accepted term %d", term, bound, newest)
+	}
+	return nil
 }
 
 // toElection converts a decoded claim to the state machine's message.
@@ -254,6 +293,8 @@ func stepReason(err error) (string, slog.Level) {
 		return ReasonUnchecked, slog.LevelInfo
 	case errors.Is(err, election.ErrStaleTerm):
 		return ReasonStaleTerm, slog.LevelDebug
+	case errors.Is(err, election.ErrTermJump):
+		return ReasonTermJump, slog.LevelWarn
 	}
 	return ReasonAttestation, slog.LevelWarn
 }

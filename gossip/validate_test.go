@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"testing"
 	"time"
 
@@ -92,6 +93,14 @@ func claimBy(t testing.TB, svc *Service, s signer, term, evTerm uint64, issued t
 	return c
 }
 
+// proofVote is voter's vote for coord in term carrying coord's claim proof,
+// attested for evTerm.
+func proofVote(t testing.TB, svc *Service, voter, coord signer, term, evTerm uint64, issued time.Time) *Vote {
+	t.Helper()
+	c := claimBy(t, svc, coord, term, evTerm, issued)
+	return &Vote{Term: term, IssuedAt: issued, Voter: voter.id, Coordinator: coord.id, Salt: c.Salt, Parent: c.Parent, Evidence: c.Evidence}
+}
+
 func TestValidateElection(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	a, b := newSigner(t), newSigner(t)
@@ -123,9 +132,24 @@ func TestValidateElection(t *testing.T) {
 		{"vote for someone else's voter", true, 0, b.id, func(*Service) []byte {
 			return mustMarshal(t, &Vote{Term: 1, IssuedAt: now, Voter: a.id, Coordinator: b.id})
 		}, pubsub.ValidationReject, ReasonAuthor},
+		// Issue 16 finding 2: one claim for the last term must not travel.
+		{"term far past accepted", true, 3, a.id, func(s *Service) []byte {
+			return mustMarshal(t, claimBy(t, s, a, math.MaxUint64, math.MaxUint64, now))
+		}, pubsub.ValidationIgnore, ReasonTermJump},
+		{"vote carrying the proof of its coordinator's claim", true, 0, a.id, func(s *Service) []byte {
+			return mustMarshal(t, proofVote(t, s, a, b, 2, 2, now))
+		}, pubsub.ValidationAccept, ""},
+		// A vote for a ghost: the proof is not the coordinator's.
+		{"vote with a proof for another term", true, 0, a.id, func(s *Service) []byte {
+			return mustMarshal(t, proofVote(t, s, a, b, 2, 3, now))
+		}, pubsub.ValidationReject, ReasonEvidence},
+		{"vote far past accepted", true, 3, a.id, func(s *Service) []byte {
+			return mustMarshal(t, &Vote{Term: math.MaxUint64, IssuedAt: now, Voter: a.id, Coordinator: b.id})
+		}, pubsub.ValidationIgnore, ReasonTermJump},
 	}
 	for _, tt := range tests {
 		s := validatorService(t, now, tt.allowSim)
+		s.maxJump = 1 << 16
 		s.fence.Advance(tt.fence)
 		m := pmsg(tt.author, tt.data(s))
 		got := s.validateElection(context.Background(), tt.author, m)

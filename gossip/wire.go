@@ -25,6 +25,9 @@ import (
 //	  evidence u32-len bytes (1..MaxEvidenceBytes)
 //	0x03 vote v1 (election topic):
 //	  term u64 | issued_at i64 | voter id8 | coordinator id8
+//	  then, optionally, the proof of coordinator's claim for term:
+//	  salt [32] | parent_term u64 | parent_coordinator id8 | parent_seq u64 | parent_beacon [32]
+//	  evidence u32-len bytes (1..MaxEvidenceBytes)
 //	0x10 presence v1 (presence topic):
 //	  issued_at i64 | capability u16-len bytes (1..hpeer.MaxCapabilityBytes; a sealed record)
 //	0x20 job v1 (jobs topic):
@@ -56,8 +59,9 @@ const (
 	MaxJobPayload    = 60 << 10
 
 	claimFixed = 2 + 8 + 8 + 4 + 8 + 1 + 1 + 32 + 32 + 8 + 1 + 8 + 32 + 4
+	voteFixed  = 2 + 8 + 8 + 1 + 1 + 32 + 8 + 1 + 8 + 32 + 4 // with a proof
 	// MaxElectionBytes bounds a whole election message.
-	MaxElectionBytes = claimFixed + 2*MaxPeerIDBytes + MaxEvidenceBytes
+	MaxElectionBytes = max(claimFixed+2*MaxPeerIDBytes, voteFixed+3*MaxPeerIDBytes) + MaxEvidenceBytes
 	// MaxPresenceBytes bounds a presence message.
 	MaxPresenceBytes = 2 + 8 + 2 + hpeer.MaxCapabilityBytes
 	// MaxJobBytes bounds a job message.
@@ -92,12 +96,17 @@ type ClaimParent struct {
 	Beacon      [election.BeaconSize]byte
 }
 
-// Vote says Voter follows Coordinator in Term.
+// Vote says Voter follows Coordinator in Term. It may carry the proof of
+// Coordinator's claim for Term (Salt, Parent, Evidence; none when Evidence
+// is empty): only a proven vote can make a coordinator open a new term.
 type Vote struct {
 	Term        uint64
 	IssuedAt    time.Time
 	Voter       lpeer.ID
 	Coordinator lpeer.ID
+	Salt        [election.SaltSize]byte
+	Parent      ClaimParent
+	Evidence    []byte
 }
 
 // PresenceMsg is a node's heartbeat with its sealed capability record.
@@ -181,7 +190,32 @@ func (v *Vote) Marshal() ([]byte, error) {
 	if b, err = appendID(b, v.Voter); err != nil {
 		return nil, err
 	}
-	return appendID(b, v.Coordinator)
+	if b, err = appendID(b, v.Coordinator); err != nil {
+		return nil, err
+	}
+	if len(v.Evidence) == 0 {
+		if v.Salt != ([election.SaltSize]byte{}) || v.Parent != (ClaimParent{}) {
+			return nil, fmt.Errorf("%w: vote proof without evidence", ErrWire)
+		}
+		return b, nil
+	}
+	switch {
+	case len(v.Evidence) > MaxEvidenceBytes:
+		return nil, fmt.Errorf("%w: vote proof evidence of %d bytes exceeds %d", ErrWire, len(v.Evidence), MaxEvidenceBytes)
+	case v.Parent.Term >= v.Term:
+		return nil, fmt.Errorf("%w: vote proof parent term %d not older than term %d", ErrWire, v.Parent.Term, v.Term)
+	case (v.Parent.Term == 0) != (v.Parent.Coordinator == ""):
+		return nil, fmt.Errorf("%w: vote proof parent term and coordinator must be both set or both empty", ErrWire)
+	}
+	b = append(b, v.Salt[:]...)
+	b = binary.BigEndian.AppendUint64(b, v.Parent.Term)
+	if b, err = appendID(b, v.Parent.Coordinator); err != nil {
+		return nil, err
+	}
+	b = binary.BigEndian.AppendUint64(b, v.Parent.Seq)
+	b = append(b, v.Parent.Beacon[:]...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(v.Evidence)))
+	return append(b, v.Evidence...), nil
 }
 
 // Marshal encodes the presence heartbeat.
@@ -380,6 +414,23 @@ func DecodeElection(b []byte) (*Claim, *Vote, error) {
 		v.Coordinator = r.id("coordinator", false)
 		if r.err == nil && v.Term == 0 {
 			r.fail("vote for term 0")
+		}
+		if r.err == nil && len(r.b) > 0 {
+			r.fixed(v.Salt[:], "proof salt")
+			v.Parent.Term = r.u64("proof parent_term")
+			v.Parent.Coordinator = r.id("proof parent_coordinator", true)
+			v.Parent.Seq = r.u64("proof parent_seq")
+			r.fixed(v.Parent.Beacon[:], "proof parent_beacon")
+			n := r.u32("proof evidence length")
+			v.Evidence = r.bytes(int(n), 1, MaxEvidenceBytes, "proof evidence")
+			if r.err == nil {
+				switch {
+				case v.Parent.Term >= v.Term:
+					r.fail("proof parent term %d not older than term %d", v.Parent.Term, v.Term)
+				case (v.Parent.Term == 0) != (v.Parent.Coordinator == ""):
+					r.fail("proof parent term and coordinator must be both set or both empty")
+				}
+			}
 		}
 		if err := r.end(); err != nil {
 			return nil, nil, err

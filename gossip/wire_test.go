@@ -65,6 +65,20 @@ func TestWireRoundTrip(t *testing.T) {
 	if c, got, err := DecodeElection(mustMarshal(t, vote)); err != nil || c != nil || !reflect.DeepEqual(normalize(got), normalize(vote)) {
 		t.Fatalf("vote round trip: %v %+v", err, got)
 	}
+	pv := &Vote{Term: 3, IssuedAt: wireTime, Voter: testID(t, 3), Coordinator: testID(t, 4), Evidence: []byte("evidence"),
+		Parent: ClaimParent{Term: 2, Coordinator: testID(t, 5), Seq: 7}}
+	pv.Salt[0], pv.Parent.Beacon[0] = 1, 2
+	if c, got, err := DecodeElection(mustMarshal(t, pv)); err != nil || c != nil || !reflect.DeepEqual(normalize(got), normalize(pv)) {
+		t.Fatalf("vote with proof round trip: %v %+v", err, got)
+	}
+	gv := *pv
+	gv.Parent = ClaimParent{}
+	if _, got, err := DecodeElection(mustMarshal(t, &gv)); err != nil || !reflect.DeepEqual(normalize(got), normalize(&gv)) {
+		t.Fatalf("vote with a first-election proof round trip: %v %+v", err, got)
+	}
+	if b := mustMarshal(t, pv); len(b) > MaxElectionBytes {
+		t.Fatalf("vote with proof is %d bytes, over MaxElectionBytes", len(b))
+	}
 	p := &PresenceMsg{IssuedAt: wireTime, Capability: []byte("sealed")}
 	if got, err := DecodePresence(mustMarshal(t, p)); err != nil || !reflect.DeepEqual(normalize(got), normalize(p)) {
 		t.Fatalf("presence round trip: %v %+v", err, got)
@@ -148,6 +162,19 @@ func TestWireBounds(t *testing.T) {
 		{"presence on election", presenceWith(10), decElection, false},
 		{"version 2", append([]byte{byte(TypeVote), 2}, mustMarshal(t, &Vote{Term: 1, IssuedAt: wireTime, Voter: testID(t, 1), Coordinator: testID(t, 2)})[2:]...), decElection, false},
 		{"trailing byte", append(mustMarshal(t, sampleClaim(t)), 0), decElection, false},
+		{"vote trailing byte", append(mustMarshal(t, &Vote{Term: 1, IssuedAt: wireTime, Voter: testID(t, 1), Coordinator: testID(t, 2)}), 0), decElection, false},
+		{"vote proof truncated", func() []byte {
+			b := mustMarshal(t, &Vote{Term: 3, IssuedAt: wireTime, Voter: testID(t, 1), Coordinator: testID(t, 2), Evidence: []byte("e")})
+			return b[:len(b)-1]
+		}(), decElection, false},
+		{"vote proof with parent not older", func() []byte {
+			b := mustMarshal(t, &Vote{Term: 3, IssuedAt: wireTime, Voter: testID(t, 1), Coordinator: testID(t, 2), Evidence: []byte("e"),
+				Parent: ClaimParent{Term: 2, Coordinator: testID(t, 5)}})
+			// Rewrite parent_term (after the salt) to 3 = term.
+			off := 2 + 8 + 8 + 1 + len(testID(t, 1)) + 1 + len(testID(t, 2)) + 32
+			b[off+7] = 3
+			return b
+		}(), decElection, false},
 		{"truncated", mustMarshal(t, sampleClaim(t))[:40], decElection, false},
 	}
 	for _, tt := range tests {
@@ -201,6 +228,9 @@ func TestClaimRules(t *testing.T) {
 func FuzzDecodeElection(f *testing.F) {
 	f.Add(mustMarshal(f, sampleClaim(f)))
 	f.Add(mustMarshal(f, &Vote{Term: 3, IssuedAt: wireTime, Voter: testID(f, 3), Coordinator: testID(f, 4)}))
+	pv := &Vote{Term: 3, IssuedAt: wireTime, Voter: testID(f, 3), Coordinator: testID(f, 4), Evidence: []byte("evidence"),
+		Parent: ClaimParent{Term: 2, Coordinator: testID(f, 5), Seq: 7}}
+	f.Add(mustMarshal(f, pv))
 	f.Add([]byte{byte(TypeHeartbeat), WireVersion})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, v, err := DecodeElection(b)

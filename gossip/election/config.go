@@ -62,12 +62,28 @@ type Config struct {
 	// pass a seeded source to replay a run exactly.
 	Rand io.Reader
 
+	// MaxTermJump bounds how far one claim (or proven vote) may lift this
+	// peer's term above the newest it has accepted. A claim beyond it is
+	// refused (ErrTermJump) and not remembered, so a single hostile claim
+	// for, say, term 2^64−1 can neither wrap the next term nor poison the
+	// persisted floor: moving the term by J takes a claim per J terms, and
+	// exhausting 64 bits at the default takes 2^48 of them. An honest swarm
+	// gains a few terms per election, so only a partition holding 2^16
+	// elections on one side would outrun it. Default 1 << 16.
+	MaxTermJump uint64
+
 	// RestoreTerm and RestoreCoordinator are the newest term and its
 	// coordinator a previous run of this peer accepted (persisted by the
 	// caller), so a restart never goes back below them or follows someone
 	// else in that term. Zero for a fresh peer.
 	RestoreTerm        uint64
 	RestoreCoordinator string
+	// RestoreProof is the proof of that coordinator's claim (Status.Proof,
+	// persisted with the term). Optional: with it, a restarted peer whose
+	// coordinator died can still prove its term to a live coordinator of
+	// an older one (see Votes in the package doc); without it such a peer
+	// waits for a standing peer to open a newer term.
+	RestoreProof ClaimProof
 }
 
 // validate rejects bad combinations and fills in defaults.
@@ -83,6 +99,12 @@ func (c *Config) validate() error {
 	}
 	if (c.RestoreTerm == 0) != (c.RestoreCoordinator == "") {
 		return errors.New("election: RestoreTerm and RestoreCoordinator go together")
+	}
+	if c.RestoreTerm == 0 && len(c.RestoreProof.Evidence) > 0 {
+		return errors.New("election: RestoreProof needs RestoreTerm")
+	}
+	if c.MaxTermJump == 0 {
+		c.MaxTermJump = 1 << 16
 	}
 	if c.HeartbeatTicks == 0 {
 		c.HeartbeatTicks = 5

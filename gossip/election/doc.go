@@ -23,6 +23,14 @@
 // each peer itself through Config.Verify before it follows anyone. A claim
 // for a term older than the newest a peer accepted is refused (ErrStaleTerm).
 //
+// A claim more than Config.MaxTermJump (default 2^16) above the newest term
+// a peer accepted is refused as well (ErrTermJump) and not remembered: the
+// anchor is the peer's own accepted term, so one hostile claim, even with
+// valid evidence, moves neither the next term a candidate computes nor the
+// floor the caller persists. Term arithmetic saturates instead of wrapping:
+// at 2^64−1 a peer follows but never stands, and with the bound that takes
+// 2^48 claims to reach.
+//
 // Each peer records the coordinator it accepted for its newest term and
 // never switches within a term: a second valid claim for the same term from
 // someone else is refused (ErrConflict), however good its rank. Since the
@@ -58,11 +66,24 @@
 // A follower publishes a Vote (term, coordinator) when it accepts a
 // coordinator and again every VoteTicks while it follows; the coordinator
 // counts them (Followers), so it knows which peers will accept its
-// commands. A peer that hears a valid claim for its accepted term from
-// someone else votes at once: the other claimant, or whoever coordinates
-// that term, learns the term is contested and opens the next one (at most
-// once per lease, since votes prove nothing), which the voter can follow.
-// This is how a peer whose coordinator died in a split term gets back.
+// commands. A vote carries the proof (parent, salt, evidence) of the claim
+// the voter accepted. A peer that hears a valid claim for its accepted term
+// from someone else votes at once: the other claimant, or whoever
+// coordinates that term, learns the term is contested and opens the next
+// one, which the voter can follow. A follower with no live coordinator that
+// hears a claim older than its term votes too (at most once per two
+// heartbeats): it accepted a term whose coordinator died before anyone else
+// heard it, and the live coordinator of the older term must open one above
+// it, or the follower would refuse it forever. This is how a peer whose
+// coordinator died in a split or unheard term gets back.
+//
+// A coordinator acts on such a vote only if its proof verifies for the
+// named coordinator and term (and the term is within MaxTermJump): votes
+// are signed by any peer, so a peer without a TEE voting for a coordinator
+// that never claimed moves nothing, and a real claim moves a coordinator
+// once, since the term it opens leaves that claim behind. The caller
+// persists the proof with the term (Status.Proof, Config.RestoreProof) so
+// a restarted follower can still prove its term.
 //
 // # Conflicts and partitions
 //
@@ -119,7 +140,9 @@
 //     without valid evidence is never followed.
 //   - Liveness: after the coordinator dies, every connected honest peer
 //     follows a new one within LeaseTicks + MaxBackoffTicks plus the
-//     attestation and delivery time.
+//     attestation and delivery time. A follower stranded in a newer term
+//     whose coordinator died follows the live coordinator again within a
+//     heartbeat or two plus the attestation and delivery time.
 //   - Convergence: once a partition heals and messages flow, all peers
 //     follow one coordinator (the highest term) within about two leases.
 //

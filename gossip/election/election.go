@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 )
 
@@ -29,6 +30,9 @@ var (
 	ErrUncheckedParent = errors.New("election: claim cannot prove it is newer than the live coordinator")
 	// ErrStaleAttestation: an attestation arrived for a claim no longer wanted.
 	ErrStaleAttestation = errors.New("election: attestation no longer wanted")
+	// ErrTermJump: the message's term is more than Config.MaxTermJump above
+	// the newest term this peer accepted; it is ignored, not remembered.
+	ErrTermJump = errors.New("election: term jumps too far past the accepted term")
 )
 
 type stepFunc func(n *Node, m Message) error
@@ -73,7 +77,8 @@ type Node struct {
 	term     uint64
 	coord    string
 	att      Attestation
-	claimKey [32]byte // digest of the accepted claim's nonce and evidence
+	claimKey [32]byte   // digest of the accepted claim's nonce and evidence
+	proof    ClaimProof // of coord's claim for term, when known
 	live     bool
 	lease    int // ticks a lapse takes (follower) / wait before standing (not live)
 	elapsed  int // ticks since the coordinator was last heard
@@ -85,7 +90,7 @@ type Node struct {
 	// coordinator was live and the claim could not show it was newer.
 	deferred *deferredClaim
 	// conflictVoteAt is the tick of our last vote sent because of a
-	// same-term conflict (rate limit).
+	// same-term conflict or a stale claim (rate limit).
 	conflictVoteAt int
 
 	candidates map[string]bool
@@ -103,7 +108,6 @@ type Node struct {
 	hbWait     int
 	own        ownClaim
 	voters     map[string]int
-	termStart  int // tick our term began
 
 	ticks  int
 	msgs   []Message
@@ -120,6 +124,15 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, candidates: map[string]bool{}}
 	n.term, n.coord = cfg.RestoreTerm, cfg.RestoreCoordinator
 	n.highest = n.term
+	if p := cfg.RestoreProof; len(p.Evidence) > 0 {
+		// Keep the proof only if it still proves the restored claim: a
+		// vote carrying a bad one would be refused anyway.
+		nonce := Nonce(cfg.Swarm, n.term, p.Parent, p.Salt)
+		if att, err := cfg.Verify(n.coord, n.term, nonce[:], p.Evidence); err == nil && p.Parent.Term < n.term {
+			n.proof, n.att = p, att
+			n.claimKey = claimDigest(nonce, p.Evidence)
+		}
+	}
 	n.becomeFollower(false)
 	n.prev = n.Status()
 	return n, nil
@@ -133,7 +146,7 @@ func (n *Node) Config() Config { return n.cfg }
 
 // Status returns the node's current view.
 func (n *Node) Status() Status {
-	s := Status{Role: n.role, Term: n.term, Coordinator: n.coord, Attestation: n.att}
+	s := Status{Role: n.role, Term: n.term, Coordinator: n.coord, Attestation: n.att, Proof: n.proof}
 	switch {
 	case n.role == Coordinator:
 		s.Live, s.LeaseLeft = true, n.cfg.LeaseTicks
@@ -213,11 +226,49 @@ func (n *Node) Step(m Message) error {
 	}
 	switch {
 	case m.Term < n.term:
+		n.tellStale()
 		return fmt.Errorf("%w: %s term %d, accepted %d", ErrStaleTerm, m.Type, m.Term, n.term)
 	case m.Term > n.term:
 		return n.stepNewer(m)
 	}
 	return n.step(n, m)
+}
+
+// nextTerm is t+1, or false at the top of the term space: term arithmetic
+// never wraps to 0 (with MaxTermJump in place the top is out of reach, but
+// a restored floor is not checked against it).
+func nextTerm(t uint64) (uint64, bool) {
+	if t == math.MaxUint64 {
+		return 0, false
+	}
+	return t + 1, true
+}
+
+// jumpErr refuses a term more than MaxTermJump above the accepted one. The
+// anchor is this peer's own accepted term, never a merely seen one, so a
+// refused claim cannot raise the bar for the next.
+func (n *Node) jumpErr(m Message) error {
+	if m.Term > n.term && m.Term-n.term > n.cfg.MaxTermJump {
+		return fmt.Errorf("%w: %s term %d, accepted %d, bound +%d", ErrTermJump, m.Type, m.Term, n.term, n.cfg.MaxTermJump)
+	}
+	return nil
+}
+
+// tellStale answers a claim older than our accepted term while we follow
+// no one: a peer that accepted a term whose coordinator died (it won a
+// term only we heard) would otherwise refuse the live coordinator of an
+// older term forever. The vote carries the proof of our term, so that
+// coordinator can open a term above it, which we can follow. Votes
+// without proof move nothing, so this cannot be used to force churn.
+func (n *Node) tellStale() {
+	if n.role != Follower || n.live || len(n.proof.Evidence) == 0 {
+		return
+	}
+	if n.ticks-n.conflictVoteAt < 2*n.cfg.HeartbeatTicks {
+		return
+	}
+	n.conflictVoteAt = n.ticks
+	n.sendVote()
 }
 
 func checkShape(m Message) error {
@@ -231,9 +282,9 @@ func checkShape(m Message) error {
 		return bad("term 0")
 	case m.Coordinator == "":
 		return bad("no coordinator")
-	case m.Type == MsgVote:
-		return nil
-	case m.Coordinator != m.From:
+	case m.Type == MsgVote && len(m.Evidence) == 0:
+		return nil // an unproven vote: it can only count a follower
+	case m.Type != MsgVote && m.Coordinator != m.From:
 		return bad("claimant is not the author")
 	case m.Parent.Term >= m.Term:
 		return bad("parent term not older than term")
@@ -241,6 +292,8 @@ func checkShape(m Message) error {
 		return bad("genesis parent with content")
 	case m.Parent.Term != 0 && m.Parent.Coordinator == "":
 		return bad("parent without coordinator")
+	case m.Type == MsgVote:
+		return nil
 	case m.Type == MsgCandidacy && m.Seq != 0:
 		return bad("candidacy with seq ≠ 0")
 	case m.Type == MsgHeartbeat && m.Seq == 0:
@@ -258,6 +311,9 @@ func checkShape(m Message) error {
 // stepNewer handles a claim for a term above the newest accepted: the one
 // path by which a node's view moves forward, whatever its role.
 func (n *Node) stepNewer(m Message) error {
+	if err := n.jumpErr(m); err != nil {
+		return err
+	}
 	checked, err := n.checkParent(m)
 	if err != nil {
 		return err
@@ -281,6 +337,7 @@ func (n *Node) stepNewer(m Message) error {
 		n.resign()
 	}
 	n.term, n.coord, n.att = m.Term, m.From, att
+	n.proof = ClaimProof{Parent: m.Parent, Salt: m.Salt, Evidence: m.Evidence}
 	n.deferred = nil
 	n.claimKey = claimDigest(nonce, m.Evidence)
 	n.ring = n.ring[:0]
@@ -350,6 +407,7 @@ func (n *Node) renew(m Message) error {
 			return fmt.Errorf("%w: %s: %w", ErrEvidence, m, err)
 		}
 		n.claimKey, n.att = key, att
+		n.proof = ClaimProof{Parent: m.Parent, Salt: m.Salt, Evidence: m.Evidence}
 	}
 	for _, sb := range n.ring {
 		if sb.seq == m.Seq && sb.beacon != m.Beacon {
@@ -462,15 +520,23 @@ func (n *Node) sendVote() {
 	if n.coord == "" || n.coord == n.cfg.ID {
 		return
 	}
-	n.msgs = append(n.msgs, Message{Type: MsgVote, From: n.cfg.ID, Term: n.term, Coordinator: n.coord})
+	// The proof lets the coordinator of another claim for this term (or of
+	// an older term) check that our term is real before it acts on it.
+	p := n.proof
+	n.msgs = append(n.msgs, Message{Type: MsgVote, From: n.cfg.ID, Term: n.term, Coordinator: n.coord,
+		Parent: p.Parent, Salt: p.Salt, Evidence: p.Evidence})
 }
 
 // --- candidate --------------------------------------------------------
 
 func (n *Node) becomeCandidate() {
+	next, ok := nextTerm(max(n.term, n.highest))
+	if !ok {
+		return // the term space is spent: follow, never stand
+	}
 	n.role, n.step, n.tick = Candidate, stepCandidate, tickCandidate
 	n.live, n.pending = false, nil
-	n.claimTerm = max(n.term, n.highest) + 1
+	n.claimTerm = next
 	ahead := 0
 	for id := range n.candidates {
 		// The coordinator whose lease lapsed is presumed gone.
@@ -506,7 +572,12 @@ func tickCandidate(n *Node) {
 		n.backoff--
 		return
 	}
-	n.claimTerm = max(n.claimTerm, n.term+1, n.highest+1)
+	next, ok := nextTerm(max(n.term, n.highest))
+	if !ok {
+		n.becomeFollower(false)
+		return
+	}
+	n.claimTerm = max(n.claimTerm, next)
 	n.startClaim(n.claimTerm)
 }
 
@@ -556,8 +627,9 @@ func (n *Node) becomeCoordinator(p *pendingClaim, evidence []byte, att Attestati
 	n.term, n.coord, n.att, n.live = p.term, n.cfg.ID, att, true
 	n.highest = max(n.highest, p.term)
 	n.claimKey = claimDigest(p.nonce, evidence)
+	n.proof = ClaimProof{Parent: p.parent, Salt: p.salt, Evidence: evidence}
 	n.read(n.secret[:])
-	n.secretTerm, n.seq, n.hbWait, n.termStart = p.term, 0, 0, n.ticks
+	n.secretTerm, n.seq, n.hbWait = p.term, 0, 0
 	n.own = ownClaim{parent: p.parent, salt: p.salt, evidence: evidence}
 	n.deferred = nil
 	n.ring = n.ring[:0]
@@ -578,16 +650,13 @@ func (n *Node) sendClaim(t MsgType) {
 func stepCoordinator(n *Node, m Message) error {
 	if m.Type == MsgVote {
 		switch {
-		case m.Term != n.term:
+		case m.Term < n.term:
 		case m.Coordinator == n.cfg.ID:
-			n.voters[m.From] = n.ticks
-		case n.pending == nil && n.ticks-n.termStart >= n.cfg.LeaseTicks:
-			// A peer follows someone else in our term: it can never follow
-			// us in this term, so open the next one. Votes are unproven,
-			// so this happens at most once per lease; the worst a lying
-			// voter can do is advance the term that often.
-			n.startClaim(n.term + 1)
-			return fmt.Errorf("%w: %s says term %d is contested; claiming term %d", ErrConflict, m, n.term, n.term+1)
+			if m.Term == n.term {
+				n.voters[m.From] = n.ticks
+			}
+		default:
+			return n.stepContested(m)
 		}
 		return nil
 	}
@@ -597,14 +666,43 @@ func stepCoordinator(n *Node, m Message) error {
 		return fmt.Errorf("%w: %s: %w", ErrEvidence, m, err)
 	}
 	if Better(n.cfg.ID, m.From, n.term) {
-		if n.pending == nil {
-			n.startClaim(n.term + 1)
+		next, ok := nextTerm(max(n.term, n.highest))
+		if ok && n.pending == nil {
+			n.startClaim(next)
 		}
-		return fmt.Errorf("%w: %s; we outrank it and claim term %d", ErrConflict, m, n.term+1)
+		return fmt.Errorf("%w: %s; we outrank it and claim term %d", ErrConflict, m, next)
 	}
 	n.resign()
 	n.becomeFollower(false) // keep term and coord (ourselves): never follow the other in this term
 	return fmt.Errorf("%w: %s outranks us; yielding", ErrConflict, m)
+}
+
+// stepContested handles a vote, for our term or a newer one, for someone
+// else: the voter can never follow us in our term, either because another
+// claim won it there or because the voter accepted a newer term whose
+// coordinator may be gone. Open a term above both, which the voter can
+// follow. Only a vote that carries a valid proof of that other claim acts:
+// votes are signed by any peer, so an unproven one (a ghost coordinator)
+// moves nothing, and a proven one only once, since the next term leaves
+// its claim behind.
+func (n *Node) stepContested(m Message) error {
+	if len(m.Evidence) == 0 || n.pending != nil {
+		return nil
+	}
+	if err := n.jumpErr(m); err != nil {
+		return err
+	}
+	nonce := Nonce(n.cfg.Swarm, m.Term, m.Parent, m.Salt)
+	if _, err := n.cfg.Verify(m.Coordinator, m.Term, nonce[:], m.Evidence); err != nil {
+		return fmt.Errorf("%w: %s: proof of %s's claim: %w", ErrEvidence, m, short(m.Coordinator), err)
+	}
+	n.highest = max(n.highest, m.Term)
+	next, ok := nextTerm(n.highest)
+	if !ok {
+		return nil
+	}
+	n.startClaim(next)
+	return fmt.Errorf("%w: %s proves term %d is taken elsewhere; claiming term %d", ErrConflict, m, m.Term, next)
 }
 
 // resign sends a last heartbeat whose one-tick lease lets our followers go

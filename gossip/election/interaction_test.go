@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,9 +30,10 @@ func TestInteraction(t *testing.T) {
 }
 
 type scriptCmd struct {
-	line   int
-	text   string
-	expect string
+	line    int
+	comment string // the comment lines before it, kept by -rewrite
+	text    string
+	expect  string
 }
 
 func parseScript(t *testing.T, path string) []scriptCmd {
@@ -41,12 +43,18 @@ func parseScript(t *testing.T, path string) []scriptCmd {
 	}
 	lines := strings.Split(string(raw), "\n")
 	var cmds []scriptCmd
+	var comment strings.Builder
 	for i := 0; i < len(lines); i++ {
 		l := strings.TrimSpace(lines[i])
-		if l == "" || strings.HasPrefix(l, "#") {
+		if l == "" {
 			continue
 		}
-		c := scriptCmd{line: i + 1, text: l}
+		if strings.HasPrefix(l, "#") {
+			comment.WriteString(l + "\n")
+			continue
+		}
+		c := scriptCmd{line: i + 1, comment: comment.String(), text: l}
+		comment.Reset()
 		if i+1 >= len(lines) || strings.TrimSpace(lines[i+1]) != "----" {
 			t.Fatalf("%s:%d: command without ---- line", path, i+1)
 		}
@@ -82,7 +90,7 @@ func runScript(t *testing.T, path string) {
 	}
 	if *rewrite {
 		for _, c := range cmds {
-			fmt.Fprintf(&b, "%s\n----\n%s\n", c.text, c.expect)
+			fmt.Fprintf(&b, "%s%s\n----\n%s\n", c.comment, c.text, c.expect)
 		}
 		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
@@ -135,6 +143,7 @@ func execCmd(t *testing.T, nwp **network, text string) string {
 	case "peers":
 		nw = newNetwork(t, uint64(num("seed", 1)), netOpts{
 			hb: num("hb", 2), lease: num("lease", 0), backoff: num("backoff", 0), maxBackoff: num("maxbackoff", 0),
+			maxJump: uint64(num("maxjump", 0)),
 		})
 		*nwp = nw
 		for _, id := range splitList(args["stand"]) {
@@ -205,7 +214,9 @@ func execCmd(t *testing.T, nwp **network, text string) string {
 		nw.drop = p
 		return ""
 	case "forge":
-		return forge(t, nw, args["kind"], args["from"])
+		return forge(t, nw, args["kind"], args["from"], uint64(num("n", 1)))
+	case "ghostvote":
+		return ghostVote(t, nw, args["from"], args["proof"], num("leases", 10))
 	case "fence":
 		// fence <peer> <term>: would the peer accept a command of that term?
 		err := nw.nodes[arg(0)].n.AcceptTerm(uint64(atoi(t, arg(1))))
@@ -221,7 +232,7 @@ func execCmd(t *testing.T, nwp **network, text string) string {
 // forge builds a hostile claim and steps it into every live peer, printing
 // each peer's verdict. The peers' views must not change (the safety
 // checker runs after each step).
-func forge(t *testing.T, nw *network, kind, from string) string {
+func forge(t *testing.T, nw *network, kind, from string, jump uint64) string {
 	// The current coordinator and its newest claim, as seen by the network.
 	c := nw.coordinator()
 	if c == "" {
@@ -260,6 +271,18 @@ func forge(t *testing.T, nw *network, kind, from string) string {
 		m = claim(from, term+1, p)
 		nonce := Nonce(testSwarm, m.Term, m.Parent, m.Salt)
 		m.Evidence = testEvidence(from, m.Term, nonce[:])
+	case "maxterm":
+		// A peer that can attest (in a sim swarm: anyone) claims the last
+		// term there is, with valid evidence and a genuine parent. Without
+		// a bound, candidates then compute term 0 and the floor is bricked.
+		m = claim(from, math.MaxUint64, genuineParent)
+		nonce := Nonce(testSwarm, m.Term, m.Parent, m.Salt)
+		m.Evidence = testEvidence(from, m.Term, nonce[:])
+	case "jump":
+		// A valid claim n terms above the coordinator's (n=… in the script).
+		m = claim(from, term+jump, genuineParent)
+		nonce := Nonce(testSwarm, m.Term, m.Parent, m.Salt)
+		m.Evidence = testEvidence(from, m.Term, nonce[:])
 	case "stale":
 		m = claim(from, term, genuineParent)
 		m.Parent = Parent{}
@@ -285,11 +308,53 @@ func forge(t *testing.T, nw *network, kind, from string) string {
 	return b.String()
 }
 
+// ghostVote is a peer without a TEE that, once a lease for the given
+// number of leases, votes for a coordinator that never claimed: for the
+// coordinator's term and for the term above it, with no proof
+// (proof=none), garbage (proof=garbage), or evidence made for the
+// coordinator's key rather than the ghost's (proof=otherkey). A
+// coordinator that opens a new term for such a vote lets any peer churn
+// the swarm's terms; the script prints the term at the end.
+func ghostVote(t *testing.T, nw *network, from, proof string, leases int) string {
+	c := nw.coordinator()
+	if c == "" {
+		t.Fatalf("ghostvote: no agreed coordinator")
+	}
+	start := nw.nodes[c].n.Status().Term
+	for range leases {
+		cur := nw.nodes[c].n
+		term := cur.Status().Term
+		for _, vt := range []uint64{term, term + 1} {
+			m := Message{Type: MsgVote, From: from, Term: vt, Coordinator: "ghost"}
+			m.Salt[0] = 9
+			switch proof {
+			case "none", "":
+			case "garbage":
+				m.Evidence = []byte("not evidence")
+			case "otherkey":
+				nonce := Nonce(testSwarm, vt, m.Parent, m.Salt)
+				m.Evidence = testEvidence(c, vt, nonce[:])
+			default:
+				t.Fatalf("ghostvote: unknown proof %q", proof)
+			}
+			nw.inject(from, m)
+		}
+		for range nw.opts.lease {
+			nw.tick()
+		}
+	}
+	coord, term, ok := nw.agreement(nw.live())
+	if !ok {
+		return fmt.Sprintf("no agreement after %d leases\n%s", leases, nw.describe())
+	}
+	return fmt.Sprintf("after %d leases: %s term %d (was %s term %d)\n", leases, coord, term, c, start)
+}
+
 func verdict(err error) string {
 	if err == nil {
 		return "accepted"
 	}
-	for _, s := range []error{ErrMalformed, ErrStaleTerm, ErrConflict, ErrEvidence, ErrForgedParent, ErrUncheckedParent} {
+	for _, s := range []error{ErrMalformed, ErrStaleTerm, ErrConflict, ErrEvidence, ErrForgedParent, ErrUncheckedParent, ErrTermJump} {
 		if errors.Is(err, s) {
 			return "rejected: " + strings.TrimPrefix(s.Error(), "election: ")
 		}

@@ -53,12 +53,18 @@ type Message struct {
 	// vote, the coordinator the voter follows.
 	Coordinator string
 
+	// Parent, Salt and Evidence are a claim's proof. A vote may carry the
+	// proof of Coordinator's claim for Term (it has no Seq, Beacon or
+	// LeaseTicks): only a proven vote can make a coordinator open a new
+	// term, so a peer without a TEE cannot force churn by voting for a
+	// coordinator that never claimed.
+	Parent   Parent
+	Salt     [SaltSize]byte
+	Evidence []byte
+
 	// Claims only.
 	Seq        uint64 // 0 for a candidacy, then 1, 2, … per heartbeat
 	Beacon     [BeaconSize]byte
-	Parent     Parent
-	Salt       [SaltSize]byte
-	Evidence   []byte
 	LeaseTicks int // how long this claim may be followed without another
 	// Resign marks a coordinator's last heartbeat: it yields its term, and
 	// its followers stop following it now rather than a lease later.
@@ -78,6 +84,16 @@ func short(id string) string {
 		return id[len(id)-6:]
 	}
 	return id
+}
+
+// ClaimProof is what proves a coordinator's claim for a term: its parent,
+// salt and evidence (the nonce is derived from them). A follower repeats
+// the proof of the claim it accepted in its votes, and the caller persists
+// it with the term (Status.Proof, Config.RestoreProof).
+type ClaimProof struct {
+	Parent   Parent
+	Salt     [SaltSize]byte
+	Evidence []byte
 }
 
 // Role is what a node is doing now.
@@ -116,6 +132,11 @@ type Status struct {
 	// LeaseLeft is the number of ticks until the lease lapses.
 	LeaseLeft   int
 	Attestation Attestation
+	// Proof is the proof of Coordinator's claim for Term, when this node
+	// has it (zero after a restore without RestoreProof). It does not
+	// count as a change in Ready.StatusChanged: it changes only with Term
+	// and Coordinator, or when a coordinator re-attests its term.
+	Proof ClaimProof
 }
 
 // Following returns the live coordinator, or "" when there is none.

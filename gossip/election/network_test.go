@@ -74,6 +74,7 @@ type tnode struct {
 type netOpts struct {
 	hb, lease, backoff, maxBackoff int
 	attestDelay                    int
+	maxJump                        uint64
 }
 
 type network struct {
@@ -88,7 +89,12 @@ type network struct {
 	jobs  []attestJob
 	now   int
 	drop  float64
-	delay int // max extra delay in ticks
+	delay int     // max extra delay in ticks
+	dup   float64 // chance that a delivery is duplicated (its own delay)
+	// rate is a peer's clock speed against the network's (clock skew: 1.2
+	// ticks 20% fast); acc carries its fractional ticks. Absent: 1.
+	rate  map[string]float64
+	acc   map[string]float64
 	group map[string]int
 	cut   map[[2]string]bool
 	// hook sees every delivery; returning false drops it (raft's msgHook).
@@ -122,6 +128,7 @@ func newNetwork(t testing.TB, seed uint64, o netOpts) *network {
 	return &network{
 		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)), opts: o,
 		nodes: map[string]*tnode{}, group: map[string]int{}, cut: map[[2]string]bool{},
+		rate: map[string]float64{}, acc: map[string]float64{},
 		views: map[string]map[uint64]string{}, newest: map[string]uint64{},
 		honest: map[string]bool{}, errs: map[string]int{},
 	}
@@ -134,10 +141,12 @@ func (nw *network) config(id string, stand bool, restore Status) Config {
 		ID: id, Swarm: testSwarm, CanStand: stand, Verify: testVerify,
 		HeartbeatTicks: nw.opts.hb, LeaseTicks: nw.opts.lease,
 		BackoffTicks: nw.opts.backoff, MaxBackoffTicks: nw.opts.maxBackoff,
-		Rand: randReader{src},
+		MaxTermJump: nw.opts.maxJump,
+		Rand:        randReader{src},
 	}
 	if restore.Term > 0 {
-		cfg.RestoreTerm, cfg.RestoreCoordinator = restore.Term, restore.Coordinator
+		// The caller persists the floor with the proof of its claim.
+		cfg.RestoreTerm, cfg.RestoreCoordinator, cfg.RestoreProof = restore.Term, restore.Coordinator, restore.Proof
 	}
 	return cfg
 }
@@ -197,7 +206,16 @@ func (nw *network) tick() {
 	order := slices.Clone(nw.ids)
 	nw.rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	for _, id := range order {
-		if nw.alive(id) {
+		if !nw.alive(id) {
+			continue
+		}
+		k := 1
+		if r, ok := nw.rate[id]; ok {
+			nw.acc[id] += r
+			k = int(nw.acc[id])
+			nw.acc[id] -= float64(k)
+		}
+		for range k {
 			nw.nodes[id].n.Tick()
 			nw.after(id)
 		}
@@ -263,7 +281,7 @@ func (nw *network) record(err error) {
 	if err == nil {
 		return
 	}
-	for _, s := range []error{ErrMalformed, ErrStaleTerm, ErrConflict, ErrEvidence, ErrForgedParent, ErrUncheckedParent, ErrStaleAttestation} {
+	for _, s := range []error{ErrMalformed, ErrStaleTerm, ErrConflict, ErrEvidence, ErrForgedParent, ErrUncheckedParent, ErrStaleAttestation, ErrTermJump} {
 		if errors.Is(err, s) {
 			nw.errs[s.Error()]++
 			break
@@ -311,12 +329,18 @@ func (nw *network) broadcast(from string, m Message) {
 		if !nw.connected(from, to) || (nw.drop > 0 && nw.rng.Float64() < nw.drop) {
 			continue
 		}
-		d := 0
-		if nw.delay > 0 {
-			d = nw.rng.IntN(nw.delay + 1)
+		copies := 1
+		if nw.dup > 0 && nw.rng.Float64() < nw.dup {
+			copies = 2
 		}
-		nw.qseq++
-		nw.queue = append(nw.queue, inflight{at: nw.now + d, seq: nw.qseq, from: from, to: to, m: m})
+		for range copies {
+			d := 0
+			if nw.delay > 0 {
+				d = nw.rng.IntN(nw.delay + 1)
+			}
+			nw.qseq++
+			nw.queue = append(nw.queue, inflight{at: nw.now + d, seq: nw.qseq, from: from, to: to, m: m})
+		}
 	}
 }
 
@@ -385,6 +409,16 @@ func (nw *network) isolate(id string) { nw.group[id] = 1000 + len(nw.group) }
 func (nw *network) heal() {
 	clear(nw.group)
 	clear(nw.cut)
+}
+
+// skew sets a peer's clock speed (1 is the network's).
+func (nw *network) skew(id string, rate float64) {
+	if rate == 1 {
+		delete(nw.rate, id)
+		delete(nw.acc, id)
+		return
+	}
+	nw.rate[id] = rate
 }
 
 // agreement reports whether every live peer in ids follows the same live
