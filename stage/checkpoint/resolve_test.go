@@ -34,7 +34,7 @@ func TestResolveDemoManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := model.Config{Vocab: 257, Dim: 128, Layers: 6, Heads: 4, KVHeads: 2, FFNDim: 344, MaxSeq: 64,
+	want := model.Config{Vocab: 257, Dim: 128, Layers: 6, Heads: 4, KVHeads: 2, FFNDim: 344, MaxSeq: 512,
 		RopeTheta: 10000, NormEps: 1e-5, Subspace: model.SubspaceConfig{Rank: 32, Seed: 7}}
 	if cfg != want {
 		t.Errorf("resolved %+v\nwant     %+v", cfg, want)
