@@ -255,10 +255,19 @@ func Replace(stages []StagePlan, spares []string, dead string, offers []Offer, r
 		for _, o := range offers {
 			byID[o.PeerID] = o
 		}
+		// A plan never names a peer twice: a "spare" that already holds a
+		// stage (a stale spare list, as a coordinator that took the job
+		// over rebuilds it) is no candidate.
+		placed := map[string]bool{}
+		for _, s := range out {
+			for _, r := range s.Replicas {
+				placed[r] = true
+			}
+		}
 		best := ""
 		for _, p := range spares {
 			o, ok := byID[p]
-			if !ok || o.MemoryBytes < need || (req.RefuseRelayed && o.Relayed) {
+			if !ok || placed[p] || o.MemoryBytes < need || (req.RefuseRelayed && o.Relayed) {
 				continue
 			}
 			if best == "" || o.GFLOPS > byID[best].GFLOPS || (o.GFLOPS == byID[best].GFLOPS && p < best) {

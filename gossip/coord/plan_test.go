@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +181,33 @@ func TestReplace(t *testing.T) {
 	st2, _, err = Replace(st, spares, st[0].Replicas[0], o, req)
 	if err != nil || len(st2[0].Replicas) != 1 {
 		t.Fatalf("replica drop: %v %+v", err, st2)
+	}
+}
+
+// TestReplaceNeverNamesAPeerTwice: a spare list that still holds a placed
+// peer (as one rebuilt by a coordinator that took the job over) must not
+// give that peer a second stage: the plan would be refused "appears twice"
+// on every retry, as the container e2e showed after two losses and a
+// coordinator change.
+func TestReplaceNeverNamesAPeerTwice(t *testing.T) {
+	o := offers(30, 20, 10, 5)
+	req := PlaceRequest{Researcher: "r", Stages: 3, Replicas: 1, Layers: 6, LayerBytes: 1 << 20}
+	st, spares, err := Place(req, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := append(slices.Clone(spares), st[0].Replicas[0], st[2].Replicas[0])
+	st2, _, err := Replace(st, stale, st[1].Replicas[0], o, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, s := range st2 {
+		for _, r := range s.Replicas {
+			if seen[r] {
+				t.Fatalf("%s holds two stages: %+v", r, st2)
+			}
+			seen[r] = true
+		}
 	}
 }
