@@ -111,21 +111,20 @@ const (
 // "optim.adamw.m.<param>" and "optim.adamw.v.<param>", in params' order.
 func (a *AdamW) StateTensors(params []*model.Param) []model.HostTensor {
 	var out []model.HostTensor
-	for _, p := range params {
-		m, ok := a.m[p.Name]
-		if !ok {
-			continue
-		}
-		for _, x := range []struct {
-			prefix string
-			buf    tensor.Buffer
-		}{{stateM, m}, {stateV, a.v[p.Name]}} {
-			data := make([]float32, x.buf.Len())
-			a.be.Download(data, x.buf)
-			out = append(out, model.HostTensor{Name: x.prefix + p.Name, Shape: append([]int(nil), p.Shape...), Data: data})
-		}
+	for _, t := range a.LazyState(params) {
+		data := make([]float32, numel(t.Shape))
+		t.Read(data)
+		out = append(out, model.HostTensor{Name: t.Name, Shape: t.Shape, Data: data})
 	}
 	return out
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
 }
 
 // LazyState lists the moments StateTensors would download, each read

@@ -1,7 +1,6 @@
 package pipeline_test
 
 import (
-	"context"
 	"math"
 	"path/filepath"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
-	"github.com/holopeer/holopeer/stage/model/train"
 	"github.com/holopeer/holopeer/stage/pipeline"
 )
 
@@ -40,25 +38,7 @@ func localFineTune(t *testing.T, spec job.Spec, ck *checkpoint.Checkpoint) []flo
 		t.Fatal(err)
 	}
 	defer st.Close()
-	tr, err := train.New([]*model.Stage{st}, train.Config{Optim: spec.Optim, Schedule: spec.Schedule, ClipNorm: spec.ClipNorm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, _ := synthetic(11)()
-	var out []float64
-	for k := 0; k < spec.Steps; k++ {
-		mbs := make([]model.Input, spec.Microbatches)
-		for i := range mbs {
-			in, tg, _ := src.Next(spec.Rows, spec.SeqLen)
-			mbs[i] = model.Input{Batch: spec.Rows, Seq: spec.SeqLen, Tokens: in, Targets: tg}
-		}
-		res, err := tr.Step(context.Background(), mbs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, res.Loss)
-	}
-	return out
+	return trainLocal(t, spec, st)
 }
 
 func sameLosses(t *testing.T, got, want []float64, tol float64) {

@@ -60,7 +60,15 @@ func localLosses(t *testing.T, spec job.Spec) []float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := train.New([]*model.Stage{m.Stage}, train.Config{Optim: spec.Optim, Schedule: spec.Schedule, ClipNorm: spec.ClipNorm})
+	defer m.Stage.Close()
+	return trainLocal(t, spec, m.Stage)
+}
+
+// trainLocal trains st, the whole model, on the job's data in one
+// process.
+func trainLocal(t *testing.T, spec job.Spec, st *model.Stage) []float64 {
+	t.Helper()
+	tr, err := train.New([]*model.Stage{st}, train.Config{Optim: spec.Optim, Schedule: spec.Schedule, ClipNorm: spec.ClipNorm})
 	if err != nil {
 		t.Fatal(err)
 	}
