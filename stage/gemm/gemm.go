@@ -51,9 +51,9 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 	if m < 0 || n < 0 || k < 0 {
 		panic(fmt.Sprintf("gemm: negative size m=%d n=%d k=%d", m, n, k))
 	}
-	checkMatrix("a", a, ar, ac, lda)
-	checkMatrix("b", b, br, bc, ldb)
-	checkMatrix("c", c, m, n, ldc)
+	checkMatrix("a", len(a), ar, ac, lda)
+	checkMatrix("b", len(b), br, bc, ldb)
+	checkMatrix("c", len(c), m, n, ldc)
 	if m == 0 || n == 0 {
 		return
 	}
@@ -62,20 +62,29 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 		return
 	}
 	g := args{transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc}
-	if int64(m)*int64(n)*int64(k) <= directMaxWork {
-		direct(&g)
+	run(&g, 0)
+}
+
+// run picks the path for a checked, non-empty product and runs it on
+// threads goroutines (0: as many as the work pays for).
+func run(g *args, threads int) {
+	if int64(g.m)*int64(g.n)*int64(g.k) <= directMaxWork {
+		direct(g)
 		return
 	}
 	kr := activeKernel()
+	if threads <= 0 {
+		threads = threadsFor(kr, g)
+	}
 	if g.m <= rowDotsMaxM && g.transB && kr.dot4 != nil {
-		rowDots(kr, threadsFor(kr, &g), &g)
+		rowDots(kr, threads, g)
 		return
 	}
 	if g.m <= kr.mr && !g.transB && kr.runB != nil {
-		rowPanel(kr, threadsFor(kr, &g), &g)
+		rowPanel(kr, threads, g)
 		return
 	}
-	blocked(kr, threadsFor(kr, &g), &g)
+	blocked(kr, threads, g)
 }
 
 // directMaxWork is the product m·n·k under which packing costs more than it
@@ -118,12 +127,12 @@ type args struct {
 	ldc            int
 }
 
-func checkMatrix(name string, x []float32, rows, cols, ld int) {
+func checkMatrix(name string, n, rows, cols, ld int) {
 	if ld < max(cols, 1) {
 		panic(fmt.Sprintf("gemm: ld%s=%d shorter than a row of %d", name, ld, cols))
 	}
-	if rows > 0 && cols > 0 && len(x) < (rows-1)*ld+cols {
-		panic(fmt.Sprintf("gemm: %s has %d elements, %d×%d with stride %d needs %d", name, len(x), rows, cols, ld, (rows-1)*ld+cols))
+	if rows > 0 && cols > 0 && n < (rows-1)*ld+cols {
+		panic(fmt.Sprintf("gemm: %s has %d elements, %d×%d with stride %d needs %d", name, n, rows, cols, ld, (rows-1)*ld+cols))
 	}
 }
 

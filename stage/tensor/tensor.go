@@ -36,7 +36,35 @@ type DType uint8
 const (
 	Float32 DType = iota + 1
 	Int32
+	// BFloat16 holds weights at 2 bytes per value (the top half of a
+	// float32). Only a backend that reports Supports(BFloat16) has it, and
+	// there only as the stored matrix of Gemm's B, the table of Gather,
+	// and through Upload (rounding to nearest even) and Download (exact).
+	BFloat16
 )
+
+// Supporter is implemented by backends that hold more dtypes than Float32
+// and Int32.
+type Supporter interface {
+	Supports(DType) bool
+}
+
+// Supports reports whether be can allocate buffers of dt.
+func Supports(be Backend, dt DType) bool {
+	if dt == Float32 || dt == Int32 {
+		return true
+	}
+	s, ok := be.(Supporter)
+	return ok && s.Supports(dt)
+}
+
+// Size is the number of bytes one element of d takes.
+func (d DType) Size() int {
+	if d == BFloat16 {
+		return 2
+	}
+	return 4
+}
 
 func (d DType) String() string {
 	switch d {
@@ -44,6 +72,8 @@ func (d DType) String() string {
 		return "float32"
 	case Int32:
 		return "int32"
+	case BFloat16:
+		return "bfloat16"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }

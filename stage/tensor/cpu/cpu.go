@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/holopeer/holopeer/stage/gemm"
+	"github.com/holopeer/holopeer/stage/safetensors"
 	"github.com/holopeer/holopeer/stage/tensor"
 )
 
@@ -54,16 +55,26 @@ var _ tensor.Backend = (*Backend)(nil)
 // Name implements tensor.Backend.
 func (*Backend) Name() string { return "cpu" }
 
-// buffer is host memory; exactly one of f and i is used, as dt says.
+// Supports implements tensor.Supporter: bfloat16 weights are stored at 2
+// bytes and widened by the GEMM and Gather that read them.
+func (*Backend) Supports(dt tensor.DType) bool {
+	return dt == tensor.Float32 || dt == tensor.Int32 || dt == tensor.BFloat16
+}
+
+// buffer is host memory; exactly one of f, i and h is used, as dt says.
 type buffer struct {
 	dt tensor.DType
 	f  []float32
 	i  []int32
+	h  []uint16 // bfloat16 bits
 }
 
 func (b *buffer) Len() int {
-	if b.dt == tensor.Int32 {
+	switch b.dt {
+	case tensor.Int32:
 		return len(b.i)
+	case tensor.BFloat16:
+		return len(b.h)
 	}
 	return len(b.f)
 }
@@ -79,6 +90,17 @@ func f32(x tensor.Buffer) []float32 {
 		panic("cpu: float32 buffer expected, got " + b.dt.String())
 	}
 	return b.f
+}
+
+func bf16(x tensor.Buffer) []uint16 {
+	b, ok := x.(*buffer)
+	if !ok {
+		panic(fmt.Sprintf("cpu: buffer of type %T does not belong to the cpu backend", x))
+	}
+	if b.dt != tensor.BFloat16 {
+		panic("cpu: bfloat16 buffer expected, got " + b.dt.String())
+	}
+	return b.h
 }
 
 func i32(x tensor.Buffer) []int32 {
@@ -102,6 +124,8 @@ func (*Backend) Alloc(dt tensor.DType, n int) tensor.Buffer {
 		return &buffer{dt: dt, f: make([]float32, n)}
 	case tensor.Int32:
 		return &buffer{dt: dt, i: make([]int32, n)}
+	case tensor.BFloat16:
+		return &buffer{dt: dt, h: make([]uint16, n)}
 	}
 	panic("cpu: unknown dtype " + dt.String())
 }
@@ -110,7 +134,7 @@ func (*Backend) Alloc(dt tensor.DType, n int) tensor.Buffer {
 // collector; the buffer is emptied so that a use after Free fails loudly.
 func (*Backend) Free(x tensor.Buffer) {
 	if b, ok := x.(*buffer); ok {
-		b.f, b.i = nil, nil
+		b.f, b.i, b.h = nil, nil, nil
 	}
 }
 
@@ -119,14 +143,27 @@ func (*Backend) View(x tensor.Buffer, off, n int) tensor.Buffer {
 	if off < 0 || n < 0 || off+n > x.Len() {
 		panic(fmt.Sprintf("cpu: view [%d,%d) of a buffer of %d", off, off+n, x.Len()))
 	}
-	if x.DType() == tensor.Int32 {
+	switch x.DType() {
+	case tensor.Int32:
 		return &buffer{dt: tensor.Int32, i: i32(x)[off : off+n : off+n]}
+	case tensor.BFloat16:
+		return &buffer{dt: tensor.BFloat16, h: bf16(x)[off : off+n : off+n]}
 	}
 	return &buffer{dt: tensor.Float32, f: f32(x)[off : off+n : off+n]}
 }
 
-// Upload implements tensor.Backend.
+// Upload implements tensor.Backend. Into a bfloat16 buffer each value is
+// rounded to nearest, ties to even (exact for values that came from a
+// bfloat16 checkpoint).
 func (*Backend) Upload(dst tensor.Buffer, src []float32) {
+	if dst.DType() == tensor.BFloat16 {
+		d := bf16(dst)
+		mustLen("Upload", len(src), len(d))
+		for i, v := range src {
+			d[i] = safetensors.Float32ToBF16(v)
+		}
+		return
+	}
 	d := f32(dst)
 	mustLen("Upload", len(src), len(d))
 	copy(d, src)
@@ -141,6 +178,14 @@ func (*Backend) UploadInt32(dst tensor.Buffer, src []int32) {
 
 // Download implements tensor.Backend.
 func (*Backend) Download(dst []float32, src tensor.Buffer) {
+	if src.DType() == tensor.BFloat16 {
+		s := bf16(src)
+		mustLen("Download", len(dst), len(s))
+		for i, h := range s {
+			dst[i] = safetensors.BF16ToFloat32(h)
+		}
+		return
+	}
 	s := f32(src)
 	mustLen("Download", len(dst), len(s))
 	copy(dst, s)
@@ -149,11 +194,11 @@ func (*Backend) Download(dst []float32, src tensor.Buffer) {
 // Sync implements tensor.Backend; host work is already done.
 func (*Backend) Sync() error { return nil }
 
-// Gemm implements tensor.Backend.
+// Gemm implements tensor.Backend. B may be bfloat16 (stored weights).
 func (*Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b tensor.Buffer, beta float32, c tensor.Buffer) {
-	af, bf, cf := f32(a), f32(b), f32(c)
-	if m < 0 || n < 0 || k < 0 || len(af) != m*k || len(bf) != k*n || len(cf) != m*n {
-		panic(fmt.Sprintf("cpu: Gemm %dx%dx%d with buffers a=%d b=%d c=%d", m, n, k, len(af), len(bf), len(cf)))
+	af, cf := f32(a), f32(c)
+	if m < 0 || n < 0 || k < 0 || len(af) != m*k || b.Len() != k*n || len(cf) != m*n {
+		panic(fmt.Sprintf("cpu: Gemm %dx%dx%d with buffers a=%d b=%d c=%d", m, n, k, len(af), b.Len(), len(cf)))
 	}
 	if m == 0 || n == 0 {
 		return
@@ -165,7 +210,11 @@ func (*Backend) Gemm(transA, transB bool, m, n, k int, alpha float32, a, b tenso
 	if transB {
 		ldb = k
 	}
-	gemm.Sgemm(transA, transB, m, n, k, alpha, af, max(lda, 1), bf, max(ldb, 1), beta, cf, n)
+	if b.DType() == tensor.BFloat16 {
+		gemm.SgemmBF16(transA, transB, m, n, k, alpha, af, max(lda, 1), bf16(b), max(ldb, 1), beta, cf, n)
+		return
+	}
+	gemm.Sgemm(transA, transB, m, n, k, alpha, af, max(lda, 1), f32(b), max(ldb, 1), beta, cf, n)
 }
 
 func mustLen(op string, got, want int) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/holopeer/holopeer/stage/safetensors"
 	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/tensor/cpu"
 	"github.com/holopeer/holopeer/stage/tensor/tensortest"
@@ -115,4 +116,69 @@ func down(be tensor.Backend, b tensor.Buffer) []float32 {
 	x := make([]float32, b.Len())
 	be.Download(x, b)
 	return x
+}
+
+// TestBFloat16Weights: a bfloat16 buffer stores values rounded to the
+// bfloat16 grid, Gemm with it as B and Gather from it give what the
+// float32 ops give on the widened values, and a view shares its memory.
+func TestBFloat16Weights(t *testing.T) {
+	be := cpu.New()
+	if !tensor.Supports(be, tensor.BFloat16) {
+		t.Fatal("the cpu backend must support bfloat16")
+	}
+	const n, k, m = 9, 13, 3
+	rng := rand.New(rand.NewPCG(3, 4))
+	w := make([]float32, n*k)
+	for i := range w {
+		w[i] = rng.Float32()*2 - 1
+	}
+	wb := be.Alloc(tensor.BFloat16, n*k)
+	be.Upload(wb, w)
+	got := make([]float32, n*k)
+	be.Download(got, wb)
+	for i := range w {
+		if want := safetensors.BF16ToFloat32(safetensors.Float32ToBF16(w[i])); got[i] != want {
+			t.Fatalf("element %d: stored %g, want %g (rounded from %g)", i, got[i], want, w[i])
+		}
+	}
+	wf := be.Alloc(tensor.Float32, n*k)
+	be.Upload(wf, got)
+
+	x := be.Alloc(tensor.Float32, m*k)
+	xs := make([]float32, m*k)
+	for i := range xs {
+		xs[i] = rng.Float32()
+	}
+	be.Upload(x, xs)
+	y16, y32 := be.Alloc(tensor.Float32, m*n), be.Alloc(tensor.Float32, m*n)
+	be.Gemm(false, true, m, n, k, 1, x, wb, 0, y16)
+	be.Gemm(false, true, m, n, k, 1, x, wf, 0, y32)
+	a, b := make([]float32, m*n), make([]float32, m*n)
+	be.Download(a, y16)
+	be.Download(b, y32)
+	for i := range a {
+		if math.Abs(float64(a[i]-b[i])) > 1e-5 {
+			t.Fatalf("Gemm with a bfloat16 B: C[%d] = %g, float32 %g", i, a[i], b[i])
+		}
+	}
+
+	ids := be.Alloc(tensor.Int32, 2)
+	be.UploadInt32(ids, []int32{4, 0})
+	rows := be.Alloc(tensor.Float32, 2*k)
+	be.Gather(rows, wb, ids, k)
+	r := make([]float32, 2*k)
+	be.Download(r, rows)
+	if !slices.Equal(r[:k], got[4*k:5*k]) || !slices.Equal(r[k:], got[:k]) {
+		t.Fatal("Gather from a bfloat16 table does not return its widened rows")
+	}
+
+	v := be.View(wb, k, k)
+	if v.DType() != tensor.BFloat16 || v.Len() != k {
+		t.Fatalf("view: %v of %d", v.DType(), v.Len())
+	}
+	be.Upload(v, make([]float32, k))
+	be.Download(got, wb)
+	if got[k] != 0 || got[2*k-1] != 0 {
+		t.Fatal("a view of a bfloat16 buffer does not share its memory")
+	}
 }

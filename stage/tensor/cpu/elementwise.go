@@ -3,6 +3,7 @@ package cpu
 import (
 	"math"
 
+	"github.com/holopeer/holopeer/stage/safetensors"
 	"github.com/holopeer/holopeer/stage/tensor"
 )
 
@@ -113,17 +114,27 @@ func softmaxRow(d, x []float32) float64 {
 }
 
 // Gather implements tensor.Backend.
+// A bfloat16 table's rows are widened as they are copied.
 func (be *Backend) Gather(dst, table, ids tensor.Buffer, dim int) {
-	d, t, id := f32(dst), f32(table), i32(ids)
+	d, id := f32(dst), i32(ids)
 	mustLen("Gather", len(d), len(id)*dim)
-	vocab := mustRows("Gather", len(t), dim)
+	vocab := mustRows("Gather", table.Len(), dim)
+	row := func(r, tok int) { copy(d[r*dim:(r+1)*dim], f32(table)[tok*dim:(tok+1)*dim]) }
+	if table.DType() == tensor.BFloat16 {
+		t := bf16(table)
+		row = func(r, tok int) {
+			for j, h := range t[tok*dim : (tok+1)*dim] {
+				d[r*dim+j] = safetensors.BF16ToFloat32(h)
+			}
+		}
+	}
 	be.parallel(len(id), rowGrain(dim), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			tok := int(id[r])
 			if tok < 0 || tok >= vocab {
 				panic("cpu: Gather: id out of range")
 			}
-			copy(d[r*dim:(r+1)*dim], t[tok*dim:(tok+1)*dim])
+			row(r, tok)
 		}
 	})
 }
