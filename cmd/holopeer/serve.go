@@ -21,6 +21,7 @@ import (
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/manifest"
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/pipeline"
 	"github.com/holopeer/holopeer/stage/serve"
 	"github.com/holopeer/holopeer/stage/tokenizer"
@@ -367,6 +368,9 @@ func prepareServe(m *manifest.Manifest) (*servePlan, error) {
 		Stages: m.Pipeline.Stages, Replicas: m.Pipeline.ReplicasPerStage,
 		MaxBatch: s.MaxBatch, MaxTokens: maxTokens,
 		RefuseRelayed: m.Privacy.RefuseRelayedLinks, RequireAttested: m.Privacy.RequireAttested(),
+	}
+	if ck.WeightDType(cfg, model.Whole(cfg)) == tensor.BFloat16 {
+		sv.spec.WeightDType = job.WeightBF16 // stages hold it at 2 bytes per parameter
 	}
 	if err := sv.spec.Validate(); err != nil {
 		return fail(fmt.Errorf("manifest %s: %w", m.Name, err))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/safetensors"
+	"github.com/holopeer/holopeer/stage/tensor"
 )
 
 // Checkpoint is an open checkpoint: its parsed config and the headers of
@@ -237,6 +238,8 @@ func (c *Checkpoint) Check(cfg model.Config, span model.Span) error {
 
 // LoadStage builds the stage of cfg covering span with its weights read
 // from the checkpoint: only that span's tensors, each by its byte range.
+// A stage built WithoutGrad from a bfloat16 checkpoint keeps its matrices
+// in bfloat16 (see WeightDType); callers do not pass WithWeightDType.
 // cfg is normally Config() (dense) or TrainingConfig() (as trained);
 // opts are passed to model.NewStage (backend; the seed is irrelevant since
 // every parameter is overwritten).
@@ -255,7 +258,11 @@ func (c *Checkpoint) LoadStage(cfg model.Config, span model.Span, opts ...model.
 		}
 		return c.ReadTensor(ref, dst)
 	}
-	st, err := model.NewStage(cfg, span, append(slices.Clone(opts), model.WithValues(load))...)
+	opts = append(slices.Clone(opts), model.WithValues(load))
+	if c.WeightDType(cfg, span) == tensor.BFloat16 {
+		opts = append(opts, model.WithWeightDType(tensor.BFloat16))
+	}
+	st, err := model.NewStage(cfg, span, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -264,6 +271,32 @@ func (c *Checkpoint) LoadStage(cfg model.Config, span model.Span, opts ...model.
 		return nil, fmt.Errorf("checkpoint: the stage has %d parameters, the loader expected %d (model and checkpoint packages disagree)", n, len(refs))
 	}
 	return st, nil
+}
+
+// WeightDType is how a serving stage of span stores its matrices:
+// tensor.BFloat16 when the checkpoint holds every 2-D tensor of the span
+// in BF16, so memory stays at 2 bytes per parameter and the values are
+// exact, else tensor.Float32. F16 widens to float32: it does not fit
+// bfloat16's grid.
+func (c *Checkpoint) WeightDType(cfg model.Config, span model.Span) tensor.DType {
+	matrices := 0
+	for _, ref := range StageTensors(cfg, span) {
+		if len(ref.Shape) != 2 {
+			continue
+		}
+		f, err := c.file(ref)
+		if err != nil {
+			return tensor.Float32
+		}
+		if info, ok := f.Info(ref.Name); !ok || info.DType != safetensors.BF16 {
+			return tensor.Float32
+		}
+		matrices++
+	}
+	if matrices == 0 {
+		return tensor.Float32
+	}
+	return tensor.BFloat16
 }
 
 // ReadTensor reads one tensor a stage needs into dst (len = its elements),

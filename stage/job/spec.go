@@ -63,6 +63,10 @@ type Spec struct {
 	// Serving limits (Kind serve).
 	MaxBatch  int `json:"max_batch,omitempty"`
 	MaxTokens int `json:"max_tokens,omitempty"` // prompt + output per request
+	// WeightDType is how serving stages hold their matrices: "" (float32)
+	// or "bf16", which a bfloat16 checkpoint is served in (2 bytes per
+	// parameter, in memory and on the wire).
+	WeightDType string `json:"weight_dtype,omitempty"`
 
 	RefuseRelayed   bool `json:"refuse_relayed"`
 	RequireAttested bool `json:"require_attested"`
@@ -102,6 +106,9 @@ func (s *Spec) Validate() error {
 	if id.Subspace() != s.Model.Subspace.Enabled() {
 		return errors.New("job: the subspace codec and the model's subspace constraint go together")
 	}
+	if s.WeightDType != "" && (s.WeightDType != WeightBF16 || s.Kind != KindServe) {
+		return fmt.Errorf("job: weight dtype %q (only %q, and only to serve)", s.WeightDType, WeightBF16)
+	}
 	if s.Kind == KindServe {
 		if s.MaxBatch <= 0 || s.MaxBatch > 256 || s.MaxTokens <= 0 || s.MaxTokens > s.Model.MaxSeq {
 			return fmt.Errorf("job: serving limits batch %d tokens %d (max_seq %d)", s.MaxBatch, s.MaxTokens, s.Model.MaxSeq)
@@ -129,6 +136,9 @@ func (s *Spec) Validate() error {
 	return nil
 }
 
+// WeightBF16 is the Spec.WeightDType of a bfloat16 checkpoint.
+const WeightBF16 = "bf16"
+
 // MicrobatchTokens is the number of tokens in one microbatch.
 func (s *Spec) MicrobatchTokens() int { return s.Rows * s.SeqLen }
 
@@ -143,7 +153,11 @@ func (s *Spec) LayerBytes(stages int) uint64 {
 	d, kv, f := uint64(c.Dim), uint64(c.KVDim()), uint64(c.FFNDim)
 	params := d*d + 2*d*kv + d*d + 3*d*f + 2*d
 	if s.Kind == KindServe {
-		return 4*params + uint64(max(s.MaxBatch, 1))*uint64(s.MaxTokens)*2*kv*4
+		per := uint64(4)
+		if s.WeightDType == WeightBF16 {
+			per = 2 // the norm gains stay float32: 2d of ~12d² values
+		}
+		return per*params + uint64(max(s.MaxBatch, 1))*uint64(s.MaxTokens)*2*kv*4
 	}
 	n := uint64(max(s.MicrobatchTokens(), 1))
 	inflight := uint64(min(max(s.Microbatches, 1), stages+1))

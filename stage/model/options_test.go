@@ -2,10 +2,13 @@ package model_test
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/safetensors"
+	"github.com/holopeer/holopeer/stage/tensor"
 )
 
 // A stage built WithValues from another stage's tensors computes the same
@@ -76,3 +79,76 @@ func TestWithValuesRefusesBadValues(t *testing.T) {
 }
 
 func posInf() float64 { var z float64; return 1 / z }
+
+// TestBFloat16WeightsServe: an inference stage built WithWeightDType(BFloat16)
+// from values on the bfloat16 grid holds its matrices at 2 bytes, exports
+// exactly the values it was given, and computes the float32 stage's logits
+// to float32 rounding; a training stage asked for bfloat16 stays float32.
+func TestBFloat16WeightsServe(t *testing.T) {
+	cfg := tiny(2)
+	span := model.Whole(cfg)
+	src, err := model.NewStage(cfg, span, model.WithSeed(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	for _, p := range src.Params() {
+		d := p.Data()
+		for i, v := range d {
+			d[i] = safetensors.BF16ToFloat32(safetensors.Float32ToBF16(v))
+		}
+		if err := p.Set(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load := func(name string, shape []int, dst []float32) error {
+		p, _ := src.Param(name)
+		copy(dst, p.Data())
+		return nil
+	}
+	st, err := model.NewStage(cfg, span, model.WithValues(load), model.WithoutGrad(), model.WithWeightDType(tensor.BFloat16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.WeightDType() != tensor.BFloat16 {
+		t.Fatalf("stored as %v", st.WeightDType())
+	}
+	for _, p := range st.Params() {
+		want := tensor.Float32
+		if len(p.Shape) == 2 {
+			want = tensor.BFloat16
+		}
+		if p.Value.DType() != want {
+			t.Fatalf("%s stored as %v, want %v", p.Name, p.Value.DType(), want)
+		}
+		q, _ := src.Param(p.Name)
+		if !slices.Equal(p.Data(), q.Data()) {
+			t.Fatalf("%s does not read back the values it was given", p.Name)
+		}
+	}
+	ins, _ := batch(cfg, 3)
+	in := ins[0]
+	in.NoGrad, in.Targets = true, nil
+	want, err := src.Forward(0, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.Forward(0, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want.Logits {
+		if d := math.Abs(float64(got.Logits[i] - want.Logits[i])); d > 1e-4 {
+			t.Fatalf("logit %d: %g with bfloat16 weights, %g with float32", i, got.Logits[i], want.Logits[i])
+		}
+	}
+	tr, err := model.NewStage(cfg, span, model.WithValues(load), model.WithWeightDType(tensor.BFloat16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if tr.WeightDType() != tensor.Float32 {
+		t.Fatal("a training stage must keep float32 master weights")
+	}
+}

@@ -52,6 +52,7 @@ type options struct {
 	seed   uint64
 	noGrad bool
 	load   func(name string, shape []int, dst []float32) error
+	wdt    tensor.DType
 	set    map[string]bool
 }
 
@@ -113,6 +114,23 @@ func WithValues(load func(name string, shape []int, dst []float32) error) Option
 	}
 }
 
+// WithWeightDType stores the stage's matrices (every 2-D parameter: the
+// projections, the embedding and the head) as dt when the stage is built
+// WithoutGrad and its backend supports dt; norm gains and everything a
+// training stage holds stay float32, since the optimizer needs float32
+// master weights. tensor.BFloat16 keeps a bfloat16 checkpoint at 2 bytes
+// per parameter in memory: the values are exact, and the GEMM widens them
+// as it reads them.
+func WithWeightDType(dt tensor.DType) Option {
+	return func(o *options) error {
+		if dt != tensor.Float32 && dt != tensor.BFloat16 {
+			return fmt.Errorf("model: weight dtype %v (float32 or bfloat16)", dt)
+		}
+		o.wdt = dt
+		return once(o, "WithWeightDType")
+	}
+}
+
 // ErrNoGrad is returned by a training call on a stage built WithoutGrad.
 var ErrNoGrad = errors.New("model: the stage was built without gradients (inference only)")
 
@@ -137,7 +155,8 @@ type Stage struct {
 	head      *Param
 
 	saved  map[int]*microbatch
-	noGrad bool // built WithoutGrad: inference only
+	noGrad bool         // built WithoutGrad: inference only
+	wdt    tensor.DType // how the matrices are stored
 }
 
 type block struct {
@@ -187,11 +206,21 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 		s.u = s.be.Alloc(tensor.Float32, len(b.U()))
 		s.be.Upload(s.u, b.U())
 	}
+	wdt := tensor.Float32
+	if o.wdt == tensor.BFloat16 && o.noGrad && tensor.Supports(s.be, tensor.BFloat16) {
+		wdt = tensor.BFloat16
+	}
+	s.wdt = wdt
+	var scratch []float32 // one host buffer for every loaded tensor
 	for _, spec := range cfg.paramSpecs(span) {
+		dt := tensor.Float32
+		if len(spec.shape) == 2 {
+			dt = wdt
+		}
 		p := &Param{
 			Name:  spec.name,
 			Shape: spec.shape,
-			Value: s.be.Alloc(tensor.Float32, spec.size()),
+			Value: s.be.Alloc(dt, spec.size()),
 			Decay: spec.decay,
 			Tied:  spec.tied,
 			be:    s.be,
@@ -201,7 +230,7 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 		}
 		s.params = append(s.params, p)
 		s.byName[p.Name] = p
-		vals, err := s.initial(o, spec)
+		vals, err := s.initial(o, spec, &scratch)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -258,11 +287,14 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 
 // initial is a parameter's starting value: from the loader when one is
 // given (checked finite), else from the seed.
-func (s *Stage) initial(o options, spec paramSpec) ([]float32, error) {
+func (s *Stage) initial(o options, spec paramSpec, scratch *[]float32) ([]float32, error) {
 	if o.load == nil {
 		return initValues(o.seed, spec), nil
 	}
-	vals := make([]float32, spec.size())
+	if cap(*scratch) < spec.size() {
+		*scratch = make([]float32, spec.size())
+	}
+	vals := (*scratch)[:spec.size()]
 	if err := o.load(spec.name, spec.shape, vals); err != nil {
 		return nil, fmt.Errorf("model: %s: %w", spec.name, err)
 	}
@@ -273,6 +305,9 @@ func (s *Stage) initial(o options, spec paramSpec) ([]float32, error) {
 	}
 	return vals, nil
 }
+
+// WeightDType is how the stage stores its matrices (WithWeightDType).
+func (s *Stage) WeightDType() tensor.DType { return s.wdt }
 
 // Trainable reports whether the stage has gradient buffers.
 func (s *Stage) Trainable() bool { return !s.noGrad }

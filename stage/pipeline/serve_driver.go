@@ -18,6 +18,7 @@ import (
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/safetensors"
+	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/wire"
 	"github.com/holopeer/holopeer/stage/wire/codec"
 )
@@ -31,12 +32,16 @@ type WeightSource interface {
 	// Check verifies from the headers that every tensor of span is there.
 	Check(cfg model.Config, span model.Span) error
 	ReadTensor(ref checkpoint.TensorRef, dst []float32) error
+	// WeightDType is how a serving stage of span stores its matrices:
+	// bfloat16 for a bfloat16 checkpoint, whose weights then also travel
+	// at 2 bytes per parameter.
+	WeightDType(cfg model.Config, span model.Span) tensor.DType
 }
 
 // layoutSpan lays out span's tensors, each read from src only when the
 // encoder reaches it: a stage's weights stream from the checkpoint file to
 // its socket, one tensor on the researcher's host at a time.
-func layoutSpan(src WeightSource, cfg model.Config, span model.Span, meta map[string]string) (*safetensors.Encoded, error) {
+func layoutSpan(src WeightSource, cfg model.Config, span model.Span, meta map[string]string, opts ...safetensors.WriteOption) (*safetensors.Encoded, error) {
 	if err := src.Check(cfg, span); err != nil {
 		return nil, err
 	}
@@ -44,7 +49,7 @@ func layoutSpan(src WeightSource, cfg model.Config, span model.Span, meta map[st
 	for _, ref := range checkpoint.StageTensors(cfg, span) {
 		ts = append(ts, safetensors.Source{Name: ref.Name, Shape: ref.Shape, Read: func(dst []float32) error { return src.ReadTensor(ref, dst) }})
 	}
-	return safetensors.Layout(ts, meta)
+	return safetensors.Layout(ts, meta, opts...)
 }
 
 // ServeConfig is the researcher's side of a serving job.
@@ -483,7 +488,12 @@ func (s *Server) sendWeights(ctx context.Context, l *wire.Link) error {
 		return fmt.Errorf("pipeline: %s asked for weights but holds no stage", l.RemotePeer().ShortString())
 	}
 	sp := s.plan.Stages[i]
-	e, err := layoutSpan(s.cfg.Weights, s.cfg.Spec.Model, model.Span{First: sp.First, Last: sp.Last}, nil)
+	span := model.Span{First: sp.First, Last: sp.Last}
+	var wopts []safetensors.WriteOption
+	if s.cfg.Weights.WeightDType(s.cfg.Spec.Model, span) == tensor.BFloat16 {
+		wopts = append(wopts, safetensors.WithDType(safetensors.BF16)) // exact: the checkpoint is bfloat16
+	}
+	e, err := layoutSpan(s.cfg.Weights, s.cfg.Spec.Model, span, nil, wopts...)
 	if err != nil {
 		return fmt.Errorf("pipeline: read blocks %d-%d: %w", sp.First, sp.Last-1, err)
 	}

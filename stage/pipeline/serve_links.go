@@ -148,9 +148,24 @@ func decodeWeights(r *io.SectionReader, cfg model.Config, span model.Span, be te
 		return nil, fmt.Errorf("pipeline: weights hold %d tensors, blocks %d-%d need %d", n, span.First, span.Last-1, len(want))
 	}
 	load := func(name string, shape []int, dst []float32) error { return f.ReadFloat32(name, shape, dst) }
-	st, err := model.NewStage(cfg, span, model.WithBackend(be), model.WithoutGrad(), model.WithValues(load))
+	opts := []model.Option{model.WithBackend(be), model.WithoutGrad(), model.WithValues(load)}
+	if allBF16(f) {
+		opts = append(opts, model.WithWeightDType(tensor.BFloat16))
+	}
+	st, err := model.NewStage(cfg, span, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: weights: %w", err)
 	}
 	return st, nil
+}
+
+// allBF16 says the weights came as bfloat16, so the stage keeps them so.
+func allBF16(f *safetensors.File) bool {
+	ts := f.Tensors()
+	for _, t := range ts {
+		if t.DType != safetensors.BF16 {
+			return false
+		}
+	}
+	return len(ts) > 0
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/holopeer/holopeer/stage/model"
+	"github.com/holopeer/holopeer/stage/safetensors"
 	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/wire"
 )
@@ -135,4 +136,42 @@ func FuzzDecodeWeights(f *testing.F) {
 			st.Close()
 		}
 	})
+}
+
+// TestDecodeWeightsKeepsBF16: weights that arrive as bfloat16 build a
+// stage that holds its matrices in bfloat16 (2 bytes per parameter);
+// float32 weights build a float32 stage.
+func TestDecodeWeightsKeepsBF16(t *testing.T) {
+	cfg := model.Config{Vocab: 16, Dim: 8, Layers: 2, Heads: 2, KVHeads: 1, FFNDim: 8, MaxSeq: 8}
+	span := model.Span{First: 1, Last: 2}
+	st, err := model.NewStage(cfg, span)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	be, err := tensor.Open("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dt   safetensors.DType
+		want tensor.DType
+	}{{safetensors.F32, tensor.Float32}, {safetensors.BF16, tensor.BFloat16}} {
+		var ts []safetensors.Tensor
+		for _, x := range st.Tensors() {
+			ts = append(ts, safetensors.Tensor(x))
+		}
+		var buf bytes.Buffer
+		if err := safetensors.Encode(&buf, ts, nil, safetensors.WithDType(tc.dt)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeWeights(bytesReader(buf.Bytes()), cfg, span, be)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.WeightDType() != tc.want {
+			t.Fatalf("%s weights: the stage holds %v, want %v", tc.dt, got.WeightDType(), tc.want)
+		}
+		got.Close()
+	}
 }

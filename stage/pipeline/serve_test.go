@@ -20,6 +20,8 @@ import (
 	"github.com/holopeer/holopeer/stage/model/modeltest"
 	"github.com/holopeer/holopeer/stage/pipeline"
 	"github.com/holopeer/holopeer/stage/pipeline/pipelinetest"
+	"github.com/holopeer/holopeer/stage/safetensors"
+	"github.com/holopeer/holopeer/stage/tensor"
 )
 
 // serveModel is the model the serving tests generate with: six blocks,
@@ -36,7 +38,7 @@ func serveModel(subspace bool) model.Config {
 // serveCheckpoint saves a random model with weights of order one (so that
 // the greedy choice is rarely a near tie and generations differ by
 // prompt) in the Hugging Face layout, and opens it.
-func serveCheckpoint(t *testing.T, cfg model.Config) *checkpoint.Checkpoint {
+func serveCheckpoint(t *testing.T, cfg model.Config, opts ...checkpoint.SaveOption) *checkpoint.Checkpoint {
 	t.Helper()
 	m, err := model.New(cfg, model.WithSeed(1))
 	if err != nil {
@@ -44,7 +46,7 @@ func serveCheckpoint(t *testing.T, cfg model.Config) *checkpoint.Checkpoint {
 	}
 	defer m.Close()
 	modeltest.Perturb(t, modeltest.Weights{Stream: 2, Norm: 0.2, Matrix: 0.5}, m.Stage)
-	dir := checkpointtest.Save(t, filepath.Join(t.TempDir(), "ckpt"), []*model.Stage{m.Stage})
+	dir := checkpointtest.Save(t, filepath.Join(t.TempDir(), "ckpt"), []*model.Stage{m.Stage}, opts...)
 	ck, err := checkpoint.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -237,6 +239,28 @@ func TestServeMatchesLocal(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	t.Logf("%d frames for %d tokens", st.Frames, st.Tokens)
+}
+
+// TestServeBF16MatchesLocal: a bfloat16 checkpoint is served with every
+// stage holding bfloat16 weights (they travel as bfloat16 too), and greedy
+// generation still returns exactly the tokens one process generates from
+// it, which loads it the same way.
+func TestServeBF16MatchesLocal(t *testing.T) {
+	cfg := serveModel(false)
+	ck := serveCheckpoint(t, cfg, checkpoint.WithDType(safetensors.BF16))
+	if dt := ck.WeightDType(cfg, model.Whole(cfg)); dt != tensor.BFloat16 {
+		t.Fatalf("a bfloat16 checkpoint serves as %v", dt)
+	}
+	spec := serveSpec(cfg, "fp32", 3, 1)
+	spec.WeightDType = job.WeightBF16
+	s := newSwarm(t, 3)
+	srv := startServer(t, s, pipeline.ServeConfig{Spec: spec, Weights: ck})
+	prompts := [][]int32{servePrompt(4, 7), servePrompt(5, 19)}
+	const n = 30
+	gens := generateAll(t, srv, prompts, n, nil)
+	for i, p := range prompts {
+		checkSame(t, fmt.Sprintf("prompt %d", i), gens[i].tokens, localGreedy(t, ck, cfg, p, n, nil))
+	}
 }
 
 // TestServeConcurrent: ten sequences at once, more than the pipeline's
