@@ -21,9 +21,9 @@ import (
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/manifest"
 	"github.com/holopeer/holopeer/stage/model"
-	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/pipeline"
 	"github.com/holopeer/holopeer/stage/serve"
+	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
 
