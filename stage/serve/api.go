@@ -78,6 +78,10 @@ type completionRequest struct {
 	Temperature      *float64           `json:"temperature"`
 	TopP             *float64           `json:"top_p"`
 	User             string             `json:"user"`
+	// ReturnTokensAsTokenIDs is vLLM's extension: each logprobs token is
+	// "token_id:N", so a client can tell apart ids the tokenizer decodes
+	// alike (an evaluation harness, holopeer bench comparing outputs).
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
 }
 
 // chatRequest is POST /v1/chat/completions, every documented field.
@@ -119,6 +123,8 @@ type chatRequest struct {
 	User                 string             `json:"user"`
 	Verbosity            *string            `json:"verbosity"`
 	WebSearchOptions     json.RawMessage    `json:"web_search_options"`
+	// ReturnTokensAsTokenIDs: as in completionRequest (vLLM's extension).
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
 }
 
 type streamOptions struct {
@@ -403,6 +409,7 @@ type common struct {
 	presence    *float64
 	frequency   *float64
 	logitBias   map[string]float64
+	tokenIDs    bool
 }
 
 // generation is a checked request, ready to run.
@@ -421,6 +428,7 @@ type generation struct {
 	// most likely alternatives.
 	logprobs    bool
 	topLogprobs int
+	tokenIDs    bool // logprobs name tokens "token_id:N"
 	// echo is the prompt's text, put before each completion.
 	echo string
 }
@@ -434,7 +442,7 @@ const maxChoices = 128
 // check validates the shared fields against the prompt; defaultMax is
 // the output length when max_tokens is absent (0: as long as allowed).
 func (s *Server) check(c common, prompt []int32, defaultMax int) (generation, *apiError) {
-	g := generation{prompt: prompt, stream: c.stream, n: 1, sampling: Sampling{Temperature: 1, TopP: 1}}
+	g := generation{prompt: prompt, stream: c.stream, n: 1, sampling: Sampling{Temperature: 1, TopP: 1}, tokenIDs: c.tokenIDs}
 	if c.model != "" && c.model != s.cfg.Model {
 		e := badRequest("model", "model_not_found", "The model `%s` does not exist; this server serves `%s`", c.model, s.cfg.Model)
 		e.status = http.StatusNotFound
@@ -571,7 +579,7 @@ func (s *Server) parseCompletion(r *http.Request) (generation, *apiError) {
 		return generation{}, unsupported("suffix", "suffix: this server does not insert text; leave suffix out")
 	}
 	g, e := s.check(common{req.Model, req.MaxTokens, req.Temperature, req.TopP, req.Stop, req.Seed, req.Stream, req.StreamOptions, req.N,
-		req.PresencePenalty, req.FrequencyPenalty, req.LogitBias}, prompt, 16)
+		req.PresencePenalty, req.FrequencyPenalty, req.LogitBias, req.ReturnTokensAsTokenIDs}, prompt, 16)
 	if e != nil {
 		return g, e
 	}
@@ -644,7 +652,7 @@ func (s *Server) parseChat(r *http.Request) (generation, *apiError) {
 		maxTokens = req.MaxCompletionTokens
 	}
 	g, e := s.check(common{req.Model, maxTokens, req.Temperature, req.TopP, req.Stop, req.Seed, req.Stream, req.StreamOptions, req.N,
-		req.PresencePenalty, req.FrequencyPenalty, req.LogitBias}, prompt, 0)
+		req.PresencePenalty, req.FrequencyPenalty, req.LogitBias, req.ReturnTokensAsTokenIDs}, prompt, 0)
 	if e != nil {
 		return g, e
 	}

@@ -400,3 +400,29 @@ func TestDocumentedParameters(t *testing.T) {
 		}
 	}
 }
+
+// TestTokensAsIDs: vLLM's return_tokens_as_token_ids names each logprobs
+// token by its id, so ids the tokenizer decodes alike (here, every id
+// above the byte range decodes to "") stay apart.
+func TestTokensAsIDs(t *testing.T) {
+	f := newFixture(t, nil)
+	toks, _ := f.greedyLogprobs(t, "Once", 6)
+	code, body, _ := post(t, f.url+"/v1/completions", `{"prompt":"Once","max_tokens":6,"temperature":0,"logprobs":0,"return_tokens_as_token_ids":true}`)
+	var r lpResp
+	if err := json.Unmarshal(body, &r); err != nil || code != 200 {
+		t.Fatalf("%d %v %s", code, err, body)
+	}
+	lp := r.Choices[0].Logprobs
+	if len(lp.Tokens) == 0 {
+		t.Fatalf("no tokens: %s", body)
+	}
+	for i, tok := range lp.Tokens {
+		if want := fmt.Sprintf("token_id:%d", toks[i]); tok != want {
+			t.Fatalf("token %d is %q, want %q", i, tok, want)
+		}
+	}
+	code, body, _ = post(t, f.url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"temperature":0,"logprobs":true,"return_tokens_as_token_ids":true}`)
+	if code != 200 || !strings.Contains(string(body), `"token":"token_id:`) {
+		t.Fatalf("chat: %d %s", code, body)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -424,13 +425,13 @@ func (s *Server) textChunk(chat bool, id string, created int64, p piece, finish 
 	if chat {
 		var lp *chatLogprobs
 		if g.logprobs {
-			lp = s.chatLogprobs(p.lps)
+			lp = s.chatLogprobs(p.lps, g.tokenIDs)
 		}
 		return s.chatChunk(id, created, p.index, &chatDelta{Content: &p.text}, lp, finish)
 	}
 	var lp *completionLogprobs
 	if g.logprobs && finish == nil {
-		lp = s.completionLogprobs(p.lps)
+		lp = s.completionLogprobs(p.lps, g.tokenIDs)
 	}
 	return response{ID: id, Object: objectName(false, true), Created: created, Model: s.cfg.Model,
 		Choices: []completionChoice{{Index: p.index, Text: p.text, Logprobs: lp, FinishReason: finish}}}
@@ -448,7 +449,7 @@ func (s *Server) final(g generation, id string, created int64, choices []*choice
 		for i, c := range choices {
 			out[i] = chatChoice{Index: c.index, Message: &chatReply{Role: "assistant", Content: c.tracker.text()}, FinishReason: &c.finish}
 			if g.logprobs {
-				out[i].Logprobs = s.chatLogprobs(c.lps)
+				out[i].Logprobs = s.chatLogprobs(c.lps, g.tokenIDs)
 			}
 		}
 		r.Choices = out
@@ -458,16 +459,19 @@ func (s *Server) final(g generation, id string, created int64, choices []*choice
 	for i, c := range choices {
 		out[i] = completionChoice{Index: c.index, Text: g.echo + c.tracker.text(), FinishReason: &c.finish}
 		if g.logprobs {
-			out[i].Logprobs = s.completionLogprobs(c.lps)
+			out[i].Logprobs = s.completionLogprobs(c.lps, g.tokenIDs)
 		}
 	}
 	r.Choices = out
 	return r
 }
 
-// tokenText is one id's text and bytes.
-func (s *Server) tokenText(id int32) (string, []int) {
+// tokenText is one id's text and bytes, or "token_id:N" when asIDs.
+func (s *Server) tokenText(id int32, asIDs bool) (string, []int) {
 	t := s.cfg.Tokenizer.Decode([]int{int(id)})
+	if asIDs {
+		t = "token_id:" + strconv.Itoa(int(id))
+	}
 	b := make([]int, len(t))
 	for i := range len(t) {
 		b[i] = int(t[i])
@@ -475,13 +479,13 @@ func (s *Server) tokenText(id int32) (string, []int) {
 	return t, b
 }
 
-func (s *Server) chatLogprobs(lps []tokenLogprob) *chatLogprobs {
+func (s *Server) chatLogprobs(lps []tokenLogprob, asIDs bool) *chatLogprobs {
 	out := &chatLogprobs{Content: make([]chatTokenLogprob, len(lps)), Refusal: nil}
 	for i, t := range lps {
-		text, b := s.tokenText(t.id)
+		text, b := s.tokenText(t.id, asIDs)
 		e := chatTokenLogprob{Token: text, Logprob: t.lp, Bytes: b, TopLogprobs: make([]chatTopLogprob, len(t.top))}
 		for j, alt := range t.top {
-			at, ab := s.tokenText(alt.ID)
+			at, ab := s.tokenText(alt.ID, asIDs)
 			e.TopLogprobs[j] = chatTopLogprob{Token: at, Logprob: finite(alt.Logprob), Bytes: ab}
 		}
 		out.Content[i] = e
@@ -489,16 +493,16 @@ func (s *Server) chatLogprobs(lps []tokenLogprob) *chatLogprobs {
 	return out
 }
 
-func (s *Server) completionLogprobs(lps []tokenLogprob) *completionLogprobs {
+func (s *Server) completionLogprobs(lps []tokenLogprob, asIDs bool) *completionLogprobs {
 	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
 	for _, t := range lps {
-		text, _ := s.tokenText(t.id)
+		text, _ := s.tokenText(t.id, asIDs)
 		out.Tokens = append(out.Tokens, text)
 		out.TokenLogprobs = append(out.TokenLogprobs, t.lp)
 		out.TextOffset = append(out.TextOffset, t.offset)
 		top := make(map[string]float64, len(t.top))
 		for _, alt := range t.top {
-			at, _ := s.tokenText(alt.ID)
+			at, _ := s.tokenText(alt.ID, asIDs)
 			if _, dup := top[at]; !dup {
 				top[at] = finite(alt.Logprob)
 			}
