@@ -88,8 +88,13 @@ func (t *textTracker) flush() string {
 func (t *textTracker) text() string { return t.sent }
 
 // covered is how many of the generated ids begin inside the text handed
-// out so far: the ids whose logprobs belong with it.
+// out so far: the ids whose logprobs belong with it. Once all of the text
+// is out (no stop string cut it), that is every id, those that decode to
+// nothing at the end included.
 func (t *textTracker) covered() int {
+	if len(t.sent) == t.decoded {
+		return len(t.starts)
+	}
 	n := 0
 	for n < len(t.starts) && t.starts[n] < len(t.sent) {
 		n++

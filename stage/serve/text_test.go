@@ -103,3 +103,28 @@ func TestSamplerGreedyAndSeeded(t *testing.T) {
 }
 
 func byteTok() tokenizer.Tokenizer { return tokenizer.Byte() }
+
+// TestTrackerCoversSilentTokens: ids that decode to no text (here above
+// the byte range) still carry logprobs once everything before them is
+// out; they used to be dropped from the end of a stream.
+func TestTrackerCoversSilentTokens(t *testing.T) {
+	tr := newTextTracker(tokenizer.Byte(), []int{tokenizer.ByteEOS}, nil)
+	for _, id := range []int{'a', 300, 'b', 301, 302} {
+		tr.add(id)
+	}
+	if got := tr.covered(); got != 5 {
+		t.Fatalf("covered %d of 5 ids before the flush", got)
+	}
+	tr.flush()
+	if got := tr.covered(); got != 5 {
+		t.Fatalf("covered %d of 5 ids after the flush", got)
+	}
+	cut := newTextTracker(tokenizer.Byte(), nil, []string{"XY"})
+	for _, id := range []int{'a', 'X', 'Y', 'c'} {
+		cut.add(id)
+	}
+	cut.flush()
+	if got := cut.covered(); got != 1 {
+		t.Fatalf("a stop string cut after 1 id, covered %d", got)
+	}
+}
