@@ -43,6 +43,9 @@ type benchOptions struct {
 type benchGroup struct {
 	Name string
 	Run  func(ctx context.Context, o benchOptions, emit func(benchRow)) error
+	// Explicit groups run only when --only names them (scale writes a
+	// 2.2 GB model and starts six processes).
+	Explicit bool
 }
 
 // benchGroups is filled by init functions in bench_*.go files.
@@ -82,7 +85,7 @@ Groups: ` + strings.Join(benchGroupNames(), ", "),
 				}
 			}
 			for _, g := range benchGroups {
-				if len(only) > 0 && !slices.Contains(only, g.Name) {
+				if len(only) > 0 && !slices.Contains(only, g.Name) || len(only) == 0 && g.Explicit {
 					continue
 				}
 				if err := g.Run(cmd.Context(), o, emit); err != nil {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -58,10 +59,16 @@ stops at the end-of-sequence token, after --max-tokens tokens, or when the
 model's context is full.
 
 Output is the generated text, streamed. With --json it prints one object:
-  {"tokens": [...], "text": "..."}
+  {"tokens": [...], "text": "...", "load_s": …, "first_token_s": …, "tokens_per_s": …}
 where tokens are the generated ids only (not the prompt; the EOS id that
-stopped generation is included, as transformers returns it) and text is
-their decoding without the EOS (null when no tokenizer is known).`,
+stopped generation is included, as transformers returns it), text is
+their decoding without the EOS (null when no tokenizer is known), load_s
+the time to build the model from the checkpoint, first_token_s the time
+from then to the first token (the prompt's forward pass), and tokens_per_s
+the decoding rate after it (0 with one token).
+
+A BF16 checkpoint stays in bfloat16 in memory (2 bytes per parameter),
+as swarm serving holds it, so the two produce the same tokens.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			seeded := cmd.Flags().Changed("seed")
@@ -143,11 +150,14 @@ func runGenerate(stdout io.Writer, f generateFlags, seeded bool) error {
 	if err != nil {
 		return fmt.Errorf("--device: %w", err)
 	}
+	loadStart := time.Now()
 	st, err := ck.LoadStage(cfg, model.Whole(cfg), model.WithBackend(be), model.WithoutGrad())
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	loaded := time.Now()
+	var firstAt, lastAt time.Time
 
 	g := genConfig{maxTokens: f.maxTokens, sampling: serve.Sampling{Temperature: f.temperature, TopP: f.topP, Seed: f.seed}}
 	if !seeded {
@@ -165,6 +175,10 @@ func runGenerate(stdout io.Writer, f generateFlags, seeded bool) error {
 	// decoders treat the first piece of a call differently).
 	var printed string
 	onToken := func(ids []int) {
+		lastAt = time.Now()
+		if len(ids) == 1 {
+			firstAt = lastAt
+		}
 		if f.asJSON {
 			return
 		}
@@ -196,9 +210,18 @@ func runGenerate(stdout io.Writer, f generateFlags, seeded bool) error {
 		return nil
 	}
 	res := struct {
-		Tokens []int   `json:"tokens"`
-		Text   *string `json:"text"`
-	}{Tokens: ids}
+		Tokens      []int   `json:"tokens"`
+		Text        *string `json:"text"`
+		LoadS       float64 `json:"load_s"`
+		FirstTokenS float64 `json:"first_token_s"`
+		TokensPerS  float64 `json:"tokens_per_s"`
+	}{Tokens: ids, LoadS: loaded.Sub(loadStart).Seconds()}
+	if len(ids) > 0 {
+		res.FirstTokenS = firstAt.Sub(loaded).Seconds()
+	}
+	if len(ids) > 1 && lastAt.After(firstAt) {
+		res.TokensPerS = float64(len(ids)-1) / lastAt.Sub(firstAt).Seconds()
+	}
 	if tok != nil {
 		text := tok.Decode(withoutEOS(ids, g.eos))
 		res.Text = &text
