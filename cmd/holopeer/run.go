@@ -359,11 +359,21 @@ func openFineTune(m *manifest.Manifest, spec job.Spec) (*checkpoint.Checkpoint, 
 	return ck, nil
 }
 
-// writeFinal assembles the last checkpoint's shards into one Hugging Face
-// checkpoint directory. A subspace job trained in pseudonym space: its
+// writeFinal writes the last checkpoint's shards as one Hugging Face
+// checkpoint directory (sharded with an index above 2 GiB). A subspace job trained in pseudonym space: its
 // embedding and head rows are put back in real token order in the dense
 // export (the factors keep pseudonym order, with the secret beside them).
 func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenizer.Tokenizer, perm *pipeline.Permutation, secret []byte) error {
+	if !p.Spec.Model.Subspace.Enabled() && perm == nil {
+		// Dense: stream each tensor from its shard file into the export,
+		// so the researcher never holds the model (nor its moments).
+		srcs, closeFiles, err := pipeline.DenseSources(store, p)
+		if err != nil {
+			return err
+		}
+		defer closeFiles()
+		return checkpoint.SaveSources(dir, p.Spec.Model, srcs, checkpoint.WithTokenizer(tok))
+	}
 	stages, opts, err := pipeline.AssembleStages(store, p)
 	if err != nil {
 		return err

@@ -6,9 +6,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/data"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
@@ -213,5 +215,57 @@ func TestPipelineSurvivesStageLoss(t *testing.T) {
 	}
 	if rollbacks != 1 {
 		t.Fatalf("%d rollbacks in the step log", rollbacks)
+	}
+}
+
+// TestDenseExportStreams: the final model streamed from the shard files
+// (DenseSources, as holopeer run writes it) holds exactly the tensors the
+// whole-model assembly captures.
+func TestDenseExportStreams(t *testing.T) {
+	spec := testSpec(3, 1, "fp32")
+	spec.Steps, spec.Schedule.Total, spec.CheckpointInterval = 4, 4, 2
+	s := newSwarm(t, 3)
+	dir := t.TempDir()
+	store := &pipeline.DiskStore{Dir: filepath.Join(dir, "ckpt")}
+	var plan *job.Plan
+	runDriver(t, s, spec, pipeline.DriverConfig{Checkpoints: store}, func(p pipeline.Progress) { plan = p.Plan })
+	srcs, closeFiles, err := pipeline.DenseSources(store, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed := filepath.Join(dir, "streamed")
+	if err := checkpoint.SaveSources(streamed, spec.Model, srcs); err != nil {
+		t.Fatal(err)
+	}
+	closeFiles()
+	stages, _, err := pipeline.AssembleStages(store, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, st := range stages {
+			st.Close()
+		}
+	}()
+	a, err := checkpoint.LoadModel(streamed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	snap, err := checkpoint.Capture(stages, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]float32{}
+	for _, x := range a.Stage.Tensors() {
+		got[x.Name] = x.Data
+	}
+	if len(got) != len(snap.Dense) {
+		t.Fatalf("streamed %d tensors, assembled %d", len(got), len(snap.Dense))
+	}
+	for _, x := range snap.Dense {
+		if !slices.Equal(got[x.Name], x.Data) {
+			t.Fatalf("%s differs between the streamed and the assembled export", x.Name)
+		}
 	}
 }

@@ -11,12 +11,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/job"
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/optim"
+	"github.com/holopeer/holopeer/stage/safetensors"
 )
 
 // ErrNoCheckpoint is returned for a step that was not saved.
@@ -361,4 +364,83 @@ func AssembleStages(store *DiskStore, p *job.Plan) ([]*model.Stage, []*optim.Ada
 		opts = append(opts, opt)
 	}
 	return stages, opts, nil
+}
+
+// DenseSources lists the dense model of the store's latest checkpoint of
+// plan p as sources that read each tensor from its shard file only when a
+// writer reaches it (checkpoint.SaveSources), so the final model is
+// exported without the researcher holding any stage whole. A tied weight
+// is listed once. The caller runs closeFiles when the export is written.
+// A subspace model needs U·Z densified and goes through AssembleStages.
+func DenseSources(store *DiskStore, p *job.Plan) (srcs []safetensors.Source, closeFiles func() error, err error) {
+	cfg := p.Spec.Model
+	if cfg.Subspace.Enabled() {
+		return nil, nil, errors.New("pipeline: a subspace model is densified by AssembleStages, not streamed")
+	}
+	step, ok := store.Latest()
+	if !ok {
+		step = int(p.Spec.Steps)
+	}
+	c, err := store.Open(step)
+	if err != nil {
+		return nil, nil, err
+	}
+	if n := c.Stages(); n != len(p.Stages) {
+		return nil, nil, fmt.Errorf("pipeline: checkpoint has %d stage shards, the plan %d stages", n, len(p.Stages))
+	}
+	own, err := c.Own()
+	if err != nil {
+		return nil, nil, err
+	}
+	var files []*os.File
+	closeFiles = func() error {
+		var errs []error
+		for _, f := range files {
+			errs = append(errs, f.Close())
+		}
+		return errors.Join(errs...)
+	}
+	seen := map[string]bool{}
+	add := func(r *io.SectionReader, span model.Span) error {
+		f, err := safetensors.OpenReader(r, r.Size())
+		if err != nil {
+			return err
+		}
+		for _, ref := range checkpoint.StageTensors(cfg, span) {
+			if seen[ref.Name] {
+				continue
+			}
+			seen[ref.Name] = true
+			info, ok := f.Info(ref.Name)
+			if !ok || !slices.Equal(info.Shape, ref.Shape) {
+				return fmt.Errorf("pipeline: shard of blocks %d-%d lacks %s%v", span.First, span.Last-1, ref.Name, ref.Shape)
+			}
+			srcs = append(srcs, safetensors.Source{Name: ref.Name, Shape: ref.Shape, Read: func(dst []float32) error {
+				return f.ReadFloat32(ref.Name, ref.Shape, dst)
+			}})
+		}
+		return nil
+	}
+	fail := func(err error) ([]safetensors.Source, func() error, error) {
+		closeFiles()
+		return nil, nil, err
+	}
+	if err := add(bytesReader(own[0]), model.Span{Embed: true}); err != nil {
+		return fail(fmt.Errorf("embedding: %w", err))
+	}
+	for i, s := range p.Stages {
+		f, size, err := c.Shard(i)
+		if err != nil {
+			return fail(err)
+		}
+		files = append(files, f)
+		if err := add(io.NewSectionReader(f, 0, size), model.Span{First: s.First, Last: s.Last}); err != nil {
+			return fail(fmt.Errorf("stage %d: %w", i, err))
+		}
+	}
+	L := cfg.Layers
+	if err := add(bytesReader(own[1]), model.Span{First: L, Last: L, Head: true}); err != nil {
+		return fail(fmt.Errorf("head: %w", err))
+	}
+	return srcs, closeFiles, nil
 }
