@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -151,7 +152,20 @@ func runGenerate(stdout io.Writer, f generateFlags, seeded bool) error {
 		return fmt.Errorf("--device: %w", err)
 	}
 	loadStart := time.Now()
+	var bar *byteProgress
+	ck.OnLoad = func(done, total int64) {
+		if bar == nil && total >= loadProgressBytes {
+			bar = newByteProgress(os.Stderr)
+			fmt.Fprintf(os.Stderr, "loading %s\n", f.checkpoint)
+		}
+		if bar != nil {
+			bar.update(done, total)
+		}
+	}
 	st, err := ck.LoadStage(cfg, model.Whole(cfg), model.WithBackend(be), model.WithoutGrad())
+	if bar != nil {
+		bar.finish()
+	}
 	if err != nil {
 		return err
 	}
@@ -255,6 +269,9 @@ func parseTokenList(s string, vocab int) ([]int32, error) {
 	}
 	return ids, nil
 }
+
+// loadProgressBytes is the model size above which loading shows progress.
+const loadProgressBytes = 256 << 20
 
 // genConfig is how generate picks tokens.
 type genConfig struct {

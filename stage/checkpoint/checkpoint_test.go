@@ -23,6 +23,7 @@ import (
 	"github.com/holopeer/holopeer/stage/model/train"
 	"github.com/holopeer/holopeer/stage/optim"
 	"github.com/holopeer/holopeer/stage/safetensors"
+	"github.com/holopeer/holopeer/stage/tensor"
 	"github.com/holopeer/holopeer/stage/tokenizer"
 )
 
@@ -698,5 +699,37 @@ func TestLlama3RopeScalingMatchesTransformers(t *testing.T) {
 	plain.RopeScaling = nil
 	if e := relErr(got, hfForward(t, f, plain, prompt)); e < 1e-3 {
 		t.Errorf("the scaling changes nothing (%.3g): the test cannot tell", e)
+	}
+}
+
+// TestLoadReportsProgress: OnLoad sees the bytes of a stage's tensors grow
+// to their total, once per tensor; a bf16 checkpoint's total is 2 bytes a
+// value, and its serving stage keeps them so.
+func TestLoadReportsProgress(t *testing.T) {
+	m := newModel(t, small())
+	dir := checkpointtest.Save(t, filepath.Join(t.TempDir(), "ck"), []*model.Stage{m.Stage}, checkpoint.WithDType(safetensors.BF16))
+	ck, err := checkpoint.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	var calls int
+	var last, total int64
+	ck.OnLoad = func(d, tot int64) { calls, last, total = calls+1, d, tot }
+	cfg := ck.Config()
+	st, err := ck.LoadStage(cfg, model.Whole(cfg), model.WithoutGrad())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var values int64
+	for _, p := range st.Params() {
+		values += int64(p.Len())
+	}
+	if calls != len(st.Params()) || last != total || total != 2*values {
+		t.Fatalf("%d calls for %d tensors, ended at %d of %d bytes (%d values)", calls, len(st.Params()), last, total, values)
+	}
+	if st.WeightDType() != tensor.BFloat16 {
+		t.Fatalf("a bf16 checkpoint serves as %v", st.WeightDType())
 	}
 }

@@ -23,6 +23,11 @@ type Checkpoint struct {
 	// HF is config.json as parsed.
 	HF HFConfig
 
+	// OnLoad, when set, is told after each tensor LoadStage reads how many
+	// bytes of the span's tensors (as stored) are read and how many there
+	// are: a large model's load can show progress.
+	OnLoad func(done, total int64)
+
 	model   tensorFile        // model.safetensors, or the shards its index names
 	factors *safetensors.File // nil when the checkpoint holds no factors
 }
@@ -248,15 +253,30 @@ func (c *Checkpoint) LoadStage(cfg model.Config, span model.Span, opts ...model.
 		return nil, err
 	}
 	refs := map[string]TensorRef{}
+	sizes := map[string]int64{}
+	var done, total int64
 	for _, ref := range StageTensors(cfg, span) {
 		refs[ref.Name] = ref
+		if f, err := c.file(ref); err == nil {
+			if info, ok := f.Info(ref.Name); ok {
+				sizes[ref.Name] = info.NumElements() * info.DType.Size()
+				total += sizes[ref.Name]
+			}
+		}
 	}
 	load := func(name string, shape []int, dst []float32) error {
 		ref, ok := refs[name]
 		if !ok || !slices.Equal(ref.Shape, shape) {
 			return fmt.Errorf("checkpoint: the stage asks for %s%v, which the loader does not list (model and checkpoint packages disagree)", name, shape)
 		}
-		return c.ReadTensor(ref, dst)
+		if err := c.ReadTensor(ref, dst); err != nil {
+			return err
+		}
+		if c.OnLoad != nil {
+			done += sizes[name]
+			c.OnLoad(done, total)
+		}
+		return nil
 	}
 	opts = append(slices.Clone(opts), model.WithValues(load))
 	if c.WeightDType(cfg, span) == tensor.BFloat16 {
