@@ -89,6 +89,7 @@ every request but GET /health needs "Authorization: Bearer KEY".`,
 			if err != nil {
 				return err
 			}
+			limitMemory(cfg.Offer.MemoryBytes)
 			n, err := node.Start(cmd.Context(), cfg)
 			if err != nil {
 				return err

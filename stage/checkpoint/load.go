@@ -37,6 +37,7 @@ type Checkpoint struct {
 type tensorFile interface {
 	Info(name string) (safetensors.TensorInfo, bool)
 	ReadFloat32(name string, shape []int, dst []float32) error
+	ReadFloat32At(name string, shape []int, off int64, dst []float32) error
 	Close() error
 }
 
@@ -264,16 +265,23 @@ func (c *Checkpoint) LoadStage(cfg model.Config, span model.Span, opts ...model.
 			}
 		}
 	}
-	load := func(name string, shape []int, dst []float32) error {
+	load := func(name string, shape []int, off int, dst []float32) error {
 		ref, ok := refs[name]
 		if !ok || !slices.Equal(ref.Shape, shape) {
 			return fmt.Errorf("checkpoint: the stage asks for %s%v, which the loader does not list (model and checkpoint packages disagree)", name, shape)
 		}
-		if err := c.ReadTensor(ref, dst); err != nil {
+		f, err := c.file(ref)
+		if err != nil {
+			return err
+		}
+		if err := f.ReadFloat32At(ref.Name, ref.Shape, int64(off), dst); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrTensor, ref.File, err)
+		}
+		if err := finiteFrom(ref.Name, off, dst); err != nil {
 			return err
 		}
 		if c.OnLoad != nil {
-			done += sizes[name]
+			done += sizes[name] * int64(len(dst)) / max(numel(ref.Shape), 1)
 			c.OnLoad(done, total)
 		}
 		return nil
@@ -348,10 +356,13 @@ func (c *Checkpoint) LoadStages(cfg model.Config, spans []model.Span, opts ...mo
 	return stages, nil
 }
 
-func finite(name string, data []float32) error {
+func finite(name string, data []float32) error { return finiteFrom(name, 0, data) }
+
+// finiteFrom checks a slice of a tensor that starts at element off.
+func finiteFrom(name string, off int, data []float32) error {
 	for i, v := range data {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("%w: %q holds a non-finite value (%v) at element %d", ErrTensor, name, v, i)
+			return fmt.Errorf("%w: %q holds a non-finite value (%v) at element %d", ErrTensor, name, v, off+i)
 		}
 	}
 	return nil

@@ -87,6 +87,14 @@ func (s *shards) ReadFloat32(name string, shape []int, dst []float32) error {
 	return f.ReadFloat32(name, shape, dst)
 }
 
+func (s *shards) ReadFloat32At(name string, shape []int, off int64, dst []float32) error {
+	f, ok := s.where[name]
+	if !ok {
+		return fmt.Errorf("%w: %q is not in %s", safetensors.ErrMissing, name, ModelIndexFile)
+	}
+	return f.ReadFloat32At(name, shape, off, dst)
+}
+
 func (s *shards) Close() error {
 	var errs []error
 	for _, f := range s.files {

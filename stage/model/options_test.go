@@ -22,12 +22,12 @@ func TestWithValuesWithoutGradServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	load := func(name string, shape []int, dst []float32) error {
+	load := func(name string, shape []int, off int, dst []float32) error {
 		p, ok := src.Param(name)
 		if !ok || !slices.Equal(p.Shape, shape) {
 			t.Fatalf("asked for %s%v", name, shape)
 		}
-		copy(dst, p.Data())
+		copy(dst, p.Data()[off:])
 		return nil
 	}
 	st, err := model.NewStage(cfg, span, model.WithValues(load), model.WithoutGrad())
@@ -65,11 +65,11 @@ func TestWithValuesRefusesBadValues(t *testing.T) {
 	cfg := tiny(1)
 	span := model.Span{First: 0, Last: 1}
 	boom := errors.New("boom")
-	_, err := model.NewStage(cfg, span, model.WithValues(func(name string, _ []int, dst []float32) error { return boom }))
+	_, err := model.NewStage(cfg, span, model.WithValues(func(string, []int, int, []float32) error { return boom }))
 	if !errors.Is(err, boom) {
 		t.Fatalf("err = %v", err)
 	}
-	_, err = model.NewStage(cfg, span, model.WithValues(func(name string, _ []int, dst []float32) error {
+	_, err = model.NewStage(cfg, span, model.WithValues(func(_ string, _ []int, _ int, dst []float32) error {
 		dst[0] = float32(posInf())
 		return nil
 	}))
@@ -101,9 +101,9 @@ func TestBFloat16WeightsServe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	load := func(name string, shape []int, dst []float32) error {
+	load := func(name string, shape []int, off int, dst []float32) error {
 		p, _ := src.Param(name)
-		copy(dst, p.Data())
+		copy(dst, p.Data()[off:])
 		return nil
 	}
 	st, err := model.NewStage(cfg, span, model.WithValues(load), model.WithoutGrad(), model.WithWeightDType(tensor.BFloat16))
@@ -150,5 +150,38 @@ func TestBFloat16WeightsServe(t *testing.T) {
 	defer tr.Close()
 	if tr.WeightDType() != tensor.Float32 {
 		t.Fatal("a training stage must keep float32 master weights")
+	}
+}
+
+// TestWithValuesLoadsInSlices: a tensor larger than the load slice is
+// asked for in bounded, contiguous slices that cover it exactly, and lands
+// whole.
+func TestWithValuesLoadsInSlices(t *testing.T) {
+	cfg := model.Config{Vocab: 300, Dim: 4096, Layers: 1, Heads: 32, KVHeads: 8, FFNDim: 64, MaxSeq: 8}
+	span := model.Span{Embed: true}
+	next, largest := 0, 0
+	load := func(name string, shape []int, off int, dst []float32) error {
+		if off != next {
+			t.Fatalf("%s: slice at %d, want %d", name, off, next)
+		}
+		next, largest = off+len(dst), max(largest, len(dst))
+		for i := range dst {
+			dst[i] = float32(off + i)
+		}
+		return nil
+	}
+	st, err := model.NewStage(cfg, span, model.WithValues(load), model.WithoutGrad())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p := st.Params()[0]
+	if next != p.Len() || largest >= p.Len() || largest > 1<<20 {
+		t.Fatalf("loaded %d of %d values, largest slice %d", next, p.Len(), largest)
+	}
+	for i, v := range p.Data() {
+		if v != float32(i) {
+			t.Fatalf("element %d is %g", i, v)
+		}
 	}
 }

@@ -51,7 +51,7 @@ type options struct {
 	be     tensor.Backend
 	seed   uint64
 	noGrad bool
-	load   func(name string, shape []int, dst []float32) error
+	load   Loader
 	wdt    tensor.DType
 	set    map[string]bool
 }
@@ -98,13 +98,19 @@ func WithoutGrad() Option {
 	}
 }
 
-// WithValues fills each parameter from load (a checkpoint, a stream)
-// instead of the seed's initialisation, one tensor at a time: no random
-// values are drawn only to be overwritten, and at most one tensor is held
-// on the host besides the stage itself. load is given the parameter's
-// name, shape and a buffer of its length to fill; the values must be
-// finite.
-func WithValues(load func(name string, shape []int, dst []float32) error) Option {
+// Loader fills dst with elements [off, off+len(dst)) of the named
+// parameter (row-major, of the given shape) from a checkpoint or a stream.
+type Loader func(name string, shape []int, off int, dst []float32) error
+
+// loadSlice is the most values NewStage asks a Loader for at once: the
+// host buffer a load needs, whatever the size of the largest tensor.
+const loadSlice = 1 << 20
+
+// WithValues fills each parameter from load instead of the seed's
+// initialisation, a bounded slice at a time: no random values are drawn
+// only to be overwritten, and besides the stage itself the host holds one
+// slice of at most 4 MiB. The values must be finite.
+func WithValues(load Loader) Option {
 	return func(o *options) error {
 		if load == nil {
 			return errors.New("model: nil value loader")
@@ -211,7 +217,7 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 		wdt = tensor.BFloat16
 	}
 	s.wdt = wdt
-	var scratch []float32 // one host buffer for every loaded tensor
+	var scratch []float32 // one host buffer for every loaded slice
 	for _, spec := range cfg.paramSpecs(span) {
 		dt := tensor.Float32
 		if len(spec.shape) == 2 {
@@ -230,12 +236,10 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 		}
 		s.params = append(s.params, p)
 		s.byName[p.Name] = p
-		vals, err := s.initial(o, spec, &scratch)
-		if err != nil {
+		if err := s.fill(o, spec, p.Value, &scratch); err != nil {
 			s.Close()
 			return nil, err
 		}
-		s.be.Upload(p.Value, vals)
 	}
 	get := func(name string) *Param { return s.byName[name] }
 	if span.Embed {
@@ -285,25 +289,34 @@ func NewStage(cfg Config, span Span, opts ...Option) (*Stage, error) {
 	return s, nil
 }
 
-// initial is a parameter's starting value: from the loader when one is
-// given (checked finite), else from the seed.
-func (s *Stage) initial(o options, spec paramSpec, scratch *[]float32) ([]float32, error) {
+// fill sets a parameter's starting value: from the loader when one is
+// given, slice by slice (each checked finite), else from the seed.
+func (s *Stage) fill(o options, spec paramSpec, dst tensor.Buffer, scratch *[]float32) error {
 	if o.load == nil {
-		return initValues(o.seed, spec), nil
+		s.be.Upload(dst, initValues(o.seed, spec))
+		return nil
 	}
-	if cap(*scratch) < spec.size() {
-		*scratch = make([]float32, spec.size())
+	n := spec.size()
+	if cap(*scratch) < min(n, loadSlice) {
+		*scratch = make([]float32, min(n, loadSlice))
 	}
-	vals := (*scratch)[:spec.size()]
-	if err := o.load(spec.name, spec.shape, vals); err != nil {
-		return nil, fmt.Errorf("model: %s: %w", spec.name, err)
-	}
-	for i, v := range vals {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("model: %s holds a non-finite value (%v) at element %d", spec.name, v, i)
+	for off := 0; off < n; off += loadSlice {
+		vals := (*scratch)[:min(loadSlice, n-off)]
+		if err := o.load(spec.name, spec.shape, off, vals); err != nil {
+			return fmt.Errorf("model: %s: %w", spec.name, err)
+		}
+		for i, v := range vals {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return fmt.Errorf("model: %s holds a non-finite value (%v) at element %d", spec.name, v, off+i)
+			}
+		}
+		if off == 0 && len(vals) == n {
+			s.be.Upload(dst, vals)
+		} else {
+			s.be.Upload(s.be.View(dst, off, len(vals)), vals)
 		}
 	}
-	return vals, nil
+	return nil
 }
 
 // WeightDType is how the stage stores its matrices (WithWeightDType).

@@ -147,7 +147,9 @@ func decodeWeights(r *io.SectionReader, cfg model.Config, span model.Span, be te
 	if n := len(f.Tensors()); n != len(want) {
 		return nil, fmt.Errorf("pipeline: weights hold %d tensors, blocks %d-%d need %d", n, span.First, span.Last-1, len(want))
 	}
-	load := func(name string, shape []int, dst []float32) error { return f.ReadFloat32(name, shape, dst) }
+	load := func(name string, shape []int, off int, dst []float32) error {
+		return f.ReadFloat32At(name, shape, int64(off), dst)
+	}
 	opts := []model.Option{model.WithBackend(be), model.WithoutGrad(), model.WithValues(load)}
 	if allBF16(f) {
 		opts = append(opts, model.WithWeightDType(tensor.BFloat16))

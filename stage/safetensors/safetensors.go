@@ -210,7 +210,24 @@ func (f *File) ReadFloat32(name string, shape []int, dst []float32) error {
 	if int64(len(dst)) != t.NumElements() {
 		return fmt.Errorf("safetensors: tensor %q: destination holds %d values, tensor has %d", name, len(dst), t.NumElements())
 	}
-	return f.read(t, dst)
+	return f.read(t, 0, dst)
+}
+
+// ReadFloat32At is ReadFloat32 for elements [off, off+len(dst)) of the
+// tensor, in row-major order: a loader can bring a tensor larger than its
+// host buffer in slices.
+func (f *File) ReadFloat32At(name string, shape []int, off int64, dst []float32) error {
+	t, ok := f.tensors[name]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrMissing, name)
+	}
+	if !slices.Equal(t.Shape, shape) {
+		return fmt.Errorf("%w: tensor %q has shape %v, want %v", ErrShape, name, t.Shape, shape)
+	}
+	if off < 0 || off+int64(len(dst)) > t.NumElements() {
+		return fmt.Errorf("safetensors: tensor %q: elements [%d,%d) outside its %d", name, off, off+int64(len(dst)), t.NumElements())
+	}
+	return f.read(t, off, dst)
 }
 
 // ReadTensor reads tensor name at whatever shape the file gives it. Loaders
@@ -226,7 +243,7 @@ func (f *File) ReadTensor(name string) (Tensor, error) {
 	// The header check bounded End-Begin by the file size, so this
 	// allocation is at most twice the file's size (BF16 to float32).
 	dst := make([]float32, t.NumElements())
-	if err := f.read(t, dst); err != nil {
+	if err := f.read(t, 0, dst); err != nil {
 		return Tensor{}, err
 	}
 	return Tensor{Name: name, Shape: slices.Clone(t.Shape), Data: dst}, nil
@@ -236,17 +253,18 @@ func (f *File) ReadTensor(name string) (Tensor, error) {
 // BF16 tensor costs its float32 destination and 1 MiB, not a second copy.
 const readChunk = 1 << 20
 
-func (f *File) read(t TensorInfo, dst []float32) error {
+// read fills dst with the tensor's elements from first on.
+func (f *File) read(t TensorInfo, first int64, dst []float32) error {
 	if !t.DType.Float() {
 		return fmt.Errorf("%w: tensor %q is %s; only F32, F16, BF16 and F64 convert to float32", ErrDType, t.Name, t.DType)
 	}
 	size := t.DType.Size()
 	perChunk := readChunk / size
-	buf := make([]byte, min(t.End-t.Begin, perChunk*size))
+	buf := make([]byte, min(int64(len(dst))*size, perChunk*size))
 	for done := int64(0); done < int64(len(dst)); {
 		n := min(int64(len(dst))-done, perChunk)
 		b := buf[:n*size]
-		off := f.dataBase + t.Begin + done*size
+		off := f.dataBase + t.Begin + (first+done)*size
 		if _, err := f.r.ReadAt(b, off); err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				return fmt.Errorf("%w: tensor %q: data ends before byte %d", ErrTruncated, t.Name, off+int64(len(b)))
