@@ -32,7 +32,7 @@ func init() {
 // scaleNodes is how many `holopeer up` processes hold the served model.
 const scaleNodes = 4
 
-// benchScale serves a TinyLlama-1.1B-shaped bf16 checkpoint (with --quick,
+// benchScale serves (and then trains, benchScaleTrain) a TinyLlama-1.1B-shaped bf16 checkpoint (with --quick,
 // a small model of the same build) through scaleNodes `holopeer up`
 // processes on loopback, each lending less than 40% of the model's bytes,
 // and compares it with `holopeer generate` in one process on the same
@@ -99,7 +99,7 @@ func benchScale(ctx context.Context, o benchOptions, emit func(benchRow)) error 
 	if o.Quick {
 		lend += 192 << 20 // a stage's fixed needs dwarf a small model: a smoke run only
 	}
-	sw, err := startScaleSwarm(ctx, exe, dir, lend)
+	sw, err := startScaleSwarm(ctx, exe, dir, lend, scaleNodes)
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,8 @@ func benchScale(ctx context.Context, o benchOptions, emit func(benchRow)) error 
 	if same != 1 {
 		return fmt.Errorf("the swarm generated %v, one process %v", res.tokens, want.Tokens)
 	}
-	return nil
+	os.RemoveAll(dir) // the 2.2 GB checkpoint, before training writes its shards
+	return benchScaleTrain(ctx, o, emit)
 }
 
 // scaleMaxTokens is the serve manifest's context: 64 prompt + 64 output.
@@ -262,9 +263,9 @@ var nodeAddrRE = regexp.MustCompile(`address\s+(/ip4/127\.0\.0\.1/tcp/\S+/p2p/(\
 // startScaleSwarm starts the lending nodes: the first attests with sim
 // (INSECURE, loopback only) so that a coordinator exists; each lends lend
 // bytes.
-func startScaleSwarm(ctx context.Context, exe, dir string, lend int64) (*scaleSwarm, error) {
+func startScaleSwarm(ctx context.Context, exe, dir string, lend int64, nodes int) (*scaleSwarm, error) {
 	sw := &scaleSwarm{exe: exe, dir: dir, lend: lend}
-	for i := range scaleNodes {
+	for i := range nodes {
 		args := []string{"up", "--data-dir", filepath.Join(dir, fmt.Sprintf("node%d", i)), "--swarm", "scale-bench",
 			"--listen", "/ip4/127.0.0.1/tcp/0", "--api", "off", "--memory", strconv.FormatInt(sw.lend, 10),
 			"--allow-sim", "--port-mapping=false", "--relay=false", "--log-level", "warn"}
@@ -288,6 +289,7 @@ func startScaleSwarm(ctx context.Context, exe, dir string, lend int64) (*scaleSw
 			return nil, err
 		}
 		n.id = m[2]
+		c.args = append(c.args[:1:1], fmt.Sprintf("node %d", i))
 		if i == 0 {
 			sw.boot = m[1]
 		}

@@ -11,12 +11,13 @@ import (
 
 // TestBenchScaleQuick runs `holopeer bench --only scale --quick` as the
 // README shows it: a small bf16 checkpoint served through four `holopeer
-// up` processes must give exactly the tokens `holopeer generate` gives,
-// and every figure is one JSON object per line with the memory of each
-// process measured.
+// up` processes must give exactly the tokens `holopeer generate` gives; a
+// small model trains across four more with one killed after the first
+// checkpoint and recovers; every figure is one JSON object per line with
+// the memory of each process measured.
 func TestBenchScaleQuick(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts seven processes")
+		t.Skip("starts a dozen processes")
 	}
 	cmd := exec.Command(binPath, "bench", "--only", "scale", "--quick")
 	var out, errb bytes.Buffer
@@ -47,7 +48,10 @@ func TestBenchScaleQuick(t *testing.T) {
 			}
 		}
 	}
-	if nodes != scaleNodes || rows["scale.serve_quick.tokens_per_s"].Value <= 0 {
+	if nodes != scaleNodes+scaleTrainNodes || rows["scale.serve_quick.tokens_per_s"].Value <= 0 {
 		t.Fatalf("rows: %v", rows)
+	}
+	if r := rows["scale.train_quick.recoveries"]; r.Value != 1 || rows["scale.train_quick.tokens_per_s"].Value <= 0 {
+		t.Fatalf("training across the swarm with a kill after the first checkpoint: %+v", rows)
 	}
 }
