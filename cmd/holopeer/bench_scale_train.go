@@ -22,7 +22,7 @@ import (
 // takes over the stage the bench kills after the first checkpoint.
 const scaleTrainNodes = 4
 
-// benchScaleTrain trains a ~300M-parameter model (d 1024, 24 layers; with
+// benchScaleTrain trains a ~300M-parameter model (d 1024, 33 layers; with
 // --quick a small one) across three `holopeer up` processes with the
 // subspace codec, against `holopeer train --local` on the same manifest.
 // After the first checkpoint (each stage's shard is over 1 GiB) it kills a
@@ -38,7 +38,10 @@ func benchScaleTrain(ctx context.Context, o benchOptions, emit func(benchRow)) e
 		return err
 	}
 	defer os.RemoveAll(dir)
-	name, model, steps, every := "300m", "{dim: 1024, layers: 24, heads: 16, kv_heads: 16, ffn_dim: 2816, max_seq: 64}", 20, 10
+	// 33 blocks: 295M trainable parameters under the subspace constraint
+	// (k×d factors replace the output projections), 11 a stage, so a
+	// stage's shard is over 1 GiB.
+	name, model, steps, every := "300m", "{dim: 1024, layers: 33, heads: 16, kv_heads: 16, ffn_dim: 2816, max_seq: 64}", 20, 10
 	if o.Quick {
 		// Long enough (tens of ms a step) for the kill to land mid-run.
 		name, model, steps, every = "quick", "{dim: 128, layers: 6, heads: 4, kv_heads: 2, ffn_dim: 344, max_seq: 64}", 40, 4
