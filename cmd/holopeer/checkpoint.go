@@ -92,7 +92,7 @@ are the first 257 of the vocabulary.`,
 				args[0], si(float64(c.ParamCount())), c.Dim, c.Layers, c.Heads, c.KVHeads, c.FFNDim, c.Vocab, dt)
 			start := time.Now()
 			bar := newByteProgress(cmd.ErrOrStderr())
-			if err := checkpoint.SaveSources(args[0], c, srcs, checkpoint.WithDType(dt), checkpoint.WithTokenizer(tok), checkpoint.WithProgress(bar.update)); err != nil {
+			if err := checkpoint.SaveSources(args[0], c, srcs, nil, checkpoint.WithDType(dt), checkpoint.WithTokenizer(tok), checkpoint.WithProgress(bar.update)); err != nil {
 				return err
 			}
 			bar.finish()

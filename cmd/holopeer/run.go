@@ -364,33 +364,14 @@ func openFineTune(m *manifest.Manifest, spec job.Spec) (*checkpoint.Checkpoint, 
 // embedding and head rows are put back in real token order in the dense
 // export (the factors keep pseudonym order, with the secret beside them).
 func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenizer.Tokenizer, perm *pipeline.Permutation, secret []byte) error {
-	if !p.Spec.Model.Subspace.Enabled() && perm == nil {
-		// Dense: stream each tensor from its shard file into the export,
-		// so the researcher never holds the model (nor its moments).
-		srcs, closeFiles, err := pipeline.DenseSources(store, p)
-		if err != nil {
-			return err
-		}
-		defer closeFiles()
-		return checkpoint.SaveSources(dir, p.Spec.Model, srcs, checkpoint.WithTokenizer(tok))
-	}
-	stages, opts, err := pipeline.AssembleStages(store, p)
+	// Each tensor streams from its shard file into the export, so the
+	// researcher never holds the model (nor its moments).
+	e, err := pipeline.ExportSources(store, p, perm)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		for _, s := range stages {
-			s.Close()
-		}
-	}()
-	snap, err := checkpoint.Capture(stages, opts)
-	if err != nil {
-		return err
-	}
-	if perm != nil {
-		unpermuteRows(snap.Dense, perm)
-	}
-	if err := checkpoint.Save(dir, snap, checkpoint.WithTokenizer(tok)); err != nil {
+	defer e.Close()
+	if err := checkpoint.SaveSources(dir, p.Spec.Model, e.Dense, e.Factors, checkpoint.WithTokenizer(tok)); err != nil {
 		return err
 	}
 	if secret != nil {
@@ -399,27 +380,6 @@ func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenize
 		return os.WriteFile(filepath.Join(dir, "pseudonyms.secret"), secret, 0o600)
 	}
 	return nil
-}
-
-// unpermuteRows reorders the vocabulary rows of the embedding and head so
-// that row t belongs to real token t again.
-func unpermuteRows(ts []model.HostTensor, perm *pipeline.Permutation) {
-	for i, t := range ts {
-		if t.Name != model.NameEmbed && t.Name != model.NameHead || len(t.Shape) != 2 {
-			continue
-		}
-		rows, cols := t.Shape[0], t.Shape[1]
-		ids := make([]int32, rows)
-		for r := range ids {
-			ids[r] = int32(r)
-		}
-		pseudo := perm.Apply(ids)
-		out := make([]float32, len(t.Data))
-		for r := 0; r < rows; r++ {
-			copy(out[r*cols:(r+1)*cols], t.Data[int(pseudo[r])*cols:(int(pseudo[r])+1)*cols])
-		}
-		ts[i].Data = out
-	}
 }
 
 func loadOrCreateSecret(path string) ([]byte, error) {

@@ -199,10 +199,19 @@ func Save(dir string, snap Snapshot, opts ...SaveOption) error {
 // written: a model larger than memory (a random initialisation, shards
 // streamed from the stage nodes' checkpoint files) never sits whole on
 // the host. dense must hold every tensor of the dense model.
-func SaveSources(dir string, cfg model.Config, dense []safetensors.Source, opts ...SaveOption) error {
+//
+// For a model trained with the subspace constraint (cfg.Subspace set),
+// factors are its stored factors (the ….z tensors), written to FactorsFile
+// and named in config.json so that training or subspace serving can start
+// from the export; dense is then the densified model.
+func SaveSources(dir string, cfg model.Config, dense, factors []safetensors.Source, opts ...SaveOption) error {
 	sc, err := newSaveConfig(opts)
 	if err != nil {
 		return err
+	}
+	trained := cfg
+	if trained.Subspace.Enabled() != (len(factors) > 0) {
+		return errors.New("checkpoint: factors go with a subspace config, and only with one")
 	}
 	cfg.Subspace = model.SubspaceConfig{}
 	if err := cfg.Validate(); err != nil {
@@ -218,10 +227,19 @@ func SaveSources(dir string, cfg model.Config, dense []safetensors.Source, opts 
 		}
 	}
 	return sc.install(dir, func(tmp string) error {
-		if err := sc.writeConfig(tmp, cfg); err != nil {
+		if err := sc.writeConfig(tmp, trained); err != nil {
 			return err
 		}
-		return sc.writeModel(tmp, cfg, dense)
+		if err := sc.writeModel(tmp, cfg, dense); err != nil {
+			return err
+		}
+		if len(factors) == 0 {
+			return nil
+		}
+		if err := safetensors.WriteSources(filepath.Join(tmp, FactorsFile), factors, nil); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		return nil
 	})
 }
 

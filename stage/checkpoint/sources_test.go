@@ -27,7 +27,7 @@ func TestSaveSourcesShardsAndLoadsBack(t *testing.T) {
 	cfg := model.Config{Vocab: 50, Dim: 16, Layers: 3, Heads: 4, KVHeads: 2, FFNDim: 32, MaxSeq: 16}
 	dir := filepath.Join(t.TempDir(), "ck")
 	var done, total int64
-	err := checkpoint.SaveSources(dir, cfg, initSources(cfg, 42), checkpoint.WithShardBytes(8<<10),
+	err := checkpoint.SaveSources(dir, cfg, initSources(cfg, 42), nil, checkpoint.WithShardBytes(8<<10),
 		checkpoint.WithProgress(func(d, tot int64) { done, total = d, tot }))
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestSaveSourcesShardsAndLoadsBack(t *testing.T) {
 		}
 	}
 	// Missing tensors are refused before anything is written.
-	if err := checkpoint.SaveSources(filepath.Join(t.TempDir(), "x"), cfg, initSources(cfg, 1)[1:]); err == nil {
+	if err := checkpoint.SaveSources(filepath.Join(t.TempDir(), "x"), cfg, initSources(cfg, 1)[1:], nil); err == nil {
 		t.Fatal("sources lacking a tensor were saved")
 	}
 }

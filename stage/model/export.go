@@ -2,6 +2,8 @@ package model
 
 import (
 	"strings"
+
+	"github.com/holopeer/holopeer/stage/subspace"
 )
 
 // Tensors downloads the stage's parameters as stored (subspace factors
@@ -54,9 +56,16 @@ func (s *Stage) ExportDense() []HostTensor {
 }
 
 // denseProjection turns Z (k×in) into W = U·Z (d×in).
-func (s *Stage) denseProjection(z HostTensor) HostTensor {
-	d, k, in := s.cfg.Dim, s.cfg.Subspace.Rank, z.Shape[1]
-	u := s.basis.U()
+func (s *Stage) denseProjection(z HostTensor) HostTensor { return DenseProjection(s.basis, z) }
+
+// denseEmbedding turns Z_emb (V×k) into E = Z_emb·Uᵀ + E_fix (V×d).
+func (s *Stage) denseEmbedding(z HostTensor) HostTensor { return DenseEmbedding(s.basis, z) }
+
+// DenseProjection turns a constrained projection's factor Z (k×in, named
+// ….z) into the Hugging Face weight W = U·Z (d×in, named ….weight).
+func DenseProjection(b *subspace.Basis, z HostTensor) HostTensor {
+	d, k, in := b.Dim(), b.Rank(), z.Shape[1]
+	u := b.U()
 	w := make([]float32, d*in)
 	for i := 0; i < d; i++ {
 		for l := 0; l < k; l++ {
@@ -71,14 +80,15 @@ func (s *Stage) denseProjection(z HostTensor) HostTensor {
 	return HostTensor{Name: strings.TrimSuffix(z.Name, ".z") + ".weight", Shape: []int{d, in}, Data: w}
 }
 
-// denseEmbedding turns Z_emb (V×k) into E = Z_emb·Uᵀ + E_fix (V×d).
-func (s *Stage) denseEmbedding(z HostTensor) HostTensor {
-	d, k, v := s.cfg.Dim, s.cfg.Subspace.Rank, s.cfg.Vocab
-	u := s.basis.U()
+// DenseEmbedding turns a constrained embedding's factor Z_emb (V×k) into
+// E = Z_emb·Uᵀ + E_fix (V×d), row t with E_fix's row t.
+func DenseEmbedding(b *subspace.Basis, z HostTensor) HostTensor {
+	d, k, v := b.Dim(), b.Rank(), z.Shape[0]
+	u := b.U()
 	e := make([]float32, v*d)
 	for t := 0; t < v; t++ {
 		row := e[t*d : (t+1)*d]
-		s.basis.EFixRow(t, row)
+		b.EFixRow(t, row)
 		zr := z.Data[t*k : (t+1)*k]
 		for i := range row {
 			var acc float32

@@ -218,56 +218,110 @@ func TestPipelineSurvivesStageLoss(t *testing.T) {
 	}
 }
 
-// TestDenseExportStreams: the final model streamed from the shard files
-// (DenseSources, as holopeer run writes it) holds exactly the tensors the
-// whole-model assembly captures.
-func TestDenseExportStreams(t *testing.T) {
-	spec := testSpec(3, 1, "fp32")
-	spec.Steps, spec.Schedule.Total, spec.CheckpointInterval = 4, 4, 2
-	s := newSwarm(t, 3)
-	dir := t.TempDir()
-	store := &pipeline.DiskStore{Dir: filepath.Join(dir, "ckpt")}
-	var plan *job.Plan
-	runDriver(t, s, spec, pipeline.DriverConfig{Checkpoints: store}, func(p pipeline.Progress) { plan = p.Plan })
-	srcs, closeFiles, err := pipeline.DenseSources(store, plan)
-	if err != nil {
-		t.Fatal(err)
+// TestExportStreams: the final model streamed from the shard files
+// (ExportSources, as holopeer run writes it) holds exactly the tensors the
+// whole-model assembly captures: dense, and subspace with pseudonyms (the
+// embedding and head rows back in real order, the factors as trained).
+func TestExportStreams(t *testing.T) {
+	for _, codecName := range []string{"fp32", "subspace"} {
+		t.Run(codecName, func(t *testing.T) {
+			spec := testSpec(3, 1, codecName)
+			spec.Steps, spec.Schedule.Total, spec.CheckpointInterval = 4, 4, 2
+			var perm *pipeline.Permutation
+			if codecName == "subspace" {
+				perm, _ = pipeline.NewPermutation(spec.Model.Vocab, pipeline.NewSecret())
+			}
+			s := newSwarm(t, 3)
+			dir := t.TempDir()
+			store := &pipeline.DiskStore{Dir: filepath.Join(dir, "ckpt")}
+			var plan *job.Plan
+			runDriver(t, s, spec, pipeline.DriverConfig{Checkpoints: store, Pseudonyms: perm}, func(p pipeline.Progress) { plan = p.Plan })
+			e, err := pipeline.ExportSources(store, plan, perm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			streamed := filepath.Join(dir, "streamed")
+			if err := checkpoint.SaveSources(streamed, spec.Model, e.Dense, e.Factors); err != nil {
+				t.Fatal(err)
+			}
+			e.Close()
+			stages, _, err := pipeline.AssembleStages(store, plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				for _, st := range stages {
+					st.Close()
+				}
+			}()
+			snap, err := checkpoint.Capture(stages, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ck, err := checkpoint.Open(streamed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ck.Close()
+			a, err := ck.LoadStage(ck.Config(), model.Whole(ck.Config()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			got := map[string][]float32{}
+			for _, x := range a.Tensors() {
+				got[x.Name] = x.Data
+			}
+			if len(got) != len(snap.Dense) {
+				t.Fatalf("streamed %d tensors, assembled %d", len(got), len(snap.Dense))
+			}
+			for _, x := range snap.Dense {
+				want := x.Data
+				if perm != nil && (x.Name == model.NameEmbed || x.Name == model.NameHead) {
+					want = realOrder(perm, x)
+				}
+				if !slices.Equal(got[x.Name], want) {
+					t.Fatalf("%s differs between the streamed and the assembled export", x.Name)
+				}
+			}
+			if perm != nil {
+				tc := ck.TrainingConfig()
+				if !tc.Subspace.Enabled() {
+					t.Fatal("the export lost the subspace config")
+				}
+				f, err := ck.LoadStage(tc, model.Whole(tc))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				byName := map[string][]float32{}
+				for _, x := range f.Tensors() {
+					byName[x.Name] = x.Data
+				}
+				for _, x := range snap.Factors {
+					if !slices.Equal(byName[x.Name], x.Data) {
+						t.Fatalf("factor %s differs", x.Name)
+					}
+				}
+			}
+		})
 	}
-	streamed := filepath.Join(dir, "streamed")
-	if err := checkpoint.SaveSources(streamed, spec.Model, srcs); err != nil {
-		t.Fatal(err)
+}
+
+// realOrder moves the rows of a pseudonym-ordered vocabulary tensor to
+// real token order.
+func realOrder(perm *pipeline.Permutation, x model.HostTensor) []float32 {
+	rows, cols := x.Shape[0], x.Shape[1]
+	ids := make([]int32, rows)
+	for r := range ids {
+		ids[r] = int32(r)
 	}
-	closeFiles()
-	stages, _, err := pipeline.AssembleStages(store, plan)
-	if err != nil {
-		t.Fatal(err)
+	ps := perm.Apply(ids)
+	out := make([]float32, len(x.Data))
+	for r := range rows {
+		copy(out[r*cols:(r+1)*cols], x.Data[int(ps[r])*cols:(int(ps[r])+1)*cols])
 	}
-	defer func() {
-		for _, st := range stages {
-			st.Close()
-		}
-	}()
-	a, err := checkpoint.LoadModel(streamed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	snap, err := checkpoint.Capture(stages, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string][]float32{}
-	for _, x := range a.Stage.Tensors() {
-		got[x.Name] = x.Data
-	}
-	if len(got) != len(snap.Dense) {
-		t.Fatalf("streamed %d tensors, assembled %d", len(got), len(snap.Dense))
-	}
-	for _, x := range snap.Dense {
-		if !slices.Equal(got[x.Name], x.Data) {
-			t.Fatalf("%s differs between the streamed and the assembled export", x.Name)
-		}
-	}
+	return out
 }
 
 // TestPipelineSubspaceSameSeedSameLosses: two swarm runs of one subspace

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/holopeer/holopeer/stage/model"
 	"github.com/holopeer/holopeer/stage/optim"
 	"github.com/holopeer/holopeer/stage/safetensors"
+	"github.com/holopeer/holopeer/stage/subspace"
 )
 
 // ErrNoCheckpoint is returned for a step that was not saved.
@@ -282,6 +284,14 @@ func NewSecret() []byte {
 	return b
 }
 
+// realRows writes to dst the rows of src (one per pseudonym, cols wide)
+// in real token order: dst row t is src row Apply(t).
+func (p *Permutation) realRows(dst, src []float32, cols int) {
+	for t, ps := range p.fwd {
+		copy(dst[t*cols:(t+1)*cols], src[int(ps)*cols:(int(ps)+1)*cols])
+	}
+}
+
 // Apply maps real ids to pseudonyms (negative ids, "ignore", stay).
 func (p *Permutation) Apply(ids []int32) []int32 { return p.mapIDs(ids, p.fwd) }
 
@@ -366,40 +376,55 @@ func AssembleStages(store *DiskStore, p *job.Plan) ([]*model.Stage, []*optim.Ada
 	return stages, opts, nil
 }
 
-// DenseSources lists the dense model of the store's latest checkpoint of
-// plan p as sources that read each tensor from its shard file only when a
-// writer reaches it (checkpoint.SaveSources), so the final model is
-// exported without the researcher holding any stage whole. A tied weight
-// is listed once. The caller runs closeFiles when the export is written.
-// A subspace model needs U·Z densified and goes through AssembleStages.
-func DenseSources(store *DiskStore, p *job.Plan) (srcs []safetensors.Source, closeFiles func() error, err error) {
-	cfg := p.Spec.Model
-	if cfg.Subspace.Enabled() {
-		return nil, nil, errors.New("pipeline: a subspace model is densified by AssembleStages, not streamed")
+// Export is the final model of a run as sources that read each tensor
+// from the researcher's checkpoint files on disk only when a writer
+// reaches it (checkpoint.SaveSources): the model is exported without the
+// researcher holding any stage whole. Dense holds the Hugging Face tensors
+// (a constrained model's projections densified as W = U·Z and its
+// embedding as Z·Uᵀ + E_fix, one tensor at a time; with pseudonyms the
+// embedding and head rows back in real token order); Factors holds a
+// constrained model's stored factors as trained (pseudonym order, which
+// serving them through the swarm again needs with the same secret).
+type Export struct {
+	Dense, Factors []safetensors.Source
+	files          []*os.File
+}
+
+// Close releases the shard files.
+func (e *Export) Close() error {
+	var errs []error
+	for _, f := range e.files {
+		errs = append(errs, f.Close())
 	}
+	return errors.Join(errs...)
+}
+
+// ExportSources opens the store's latest checkpoint of plan p for export;
+// perm is the run's pseudonyms (nil without). A tied weight is listed once.
+func ExportSources(store *DiskStore, p *job.Plan, perm *Permutation) (*Export, error) {
+	cfg := p.Spec.Model
 	step, ok := store.Latest()
 	if !ok {
 		step = int(p.Spec.Steps)
 	}
 	c, err := store.Open(step)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if n := c.Stages(); n != len(p.Stages) {
-		return nil, nil, fmt.Errorf("pipeline: checkpoint has %d stage shards, the plan %d stages", n, len(p.Stages))
+		return nil, fmt.Errorf("pipeline: checkpoint has %d stage shards, the plan %d stages", n, len(p.Stages))
 	}
 	own, err := c.Own()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	var files []*os.File
-	closeFiles = func() error {
-		var errs []error
-		for _, f := range files {
-			errs = append(errs, f.Close())
+	var basis *subspace.Basis
+	if bc, ok := cfg.Basis(); ok {
+		if basis, err = subspace.New(bc); err != nil {
+			return nil, err
 		}
-		return errors.Join(errs...)
 	}
+	e := &Export{}
 	seen := map[string]bool{}
 	add := func(r *io.SectionReader, span model.Span) error {
 		f, err := safetensors.OpenReader(r, r.Size())
@@ -415,15 +440,49 @@ func DenseSources(store *DiskStore, p *job.Plan) (srcs []safetensors.Source, clo
 			if !ok || !slices.Equal(info.Shape, ref.Shape) {
 				return fmt.Errorf("pipeline: shard of blocks %d-%d lacks %s%v", span.First, span.Last-1, ref.Name, ref.Shape)
 			}
-			srcs = append(srcs, safetensors.Source{Name: ref.Name, Shape: ref.Shape, Read: func(dst []float32) error {
+			read := func() (model.HostTensor, error) {
+				t := model.HostTensor{Name: ref.Name, Shape: ref.Shape, Data: make([]float32, info.NumElements())}
+				return t, f.ReadFloat32(ref.Name, ref.Shape, t.Data)
+			}
+			dense := safetensors.Source{Name: ref.Name, Shape: ref.Shape, Read: func(dst []float32) error {
 				return f.ReadFloat32(ref.Name, ref.Shape, dst)
-			}})
+			}}
+			if strings.HasSuffix(ref.Name, ".z") {
+				e.Factors = append(e.Factors, dense)
+				convert := model.DenseProjection
+				name, shape := strings.TrimSuffix(ref.Name, ".z")+".weight", []int{cfg.Dim, ref.Shape[1]}
+				if ref.Name == model.NameEmbedZ {
+					convert = model.DenseEmbedding
+					name, shape = model.NameEmbed, []int{ref.Shape[0], cfg.Dim}
+				}
+				dense = safetensors.Source{Name: name, Shape: shape, Read: func(dst []float32) error {
+					z, err := read()
+					if err != nil {
+						return err
+					}
+					copy(dst, convert(basis, z).Data)
+					return nil
+				}}
+			}
+			if perm != nil && (dense.Name == model.NameEmbed || dense.Name == model.NameHead) {
+				inner := dense.Read
+				cols := dense.Shape[1]
+				dense.Read = func(dst []float32) error {
+					pseudo := make([]float32, len(dst))
+					if err := inner(pseudo); err != nil {
+						return err
+					}
+					perm.realRows(dst, pseudo, cols)
+					return nil
+				}
+			}
+			e.Dense = append(e.Dense, dense)
 		}
 		return nil
 	}
-	fail := func(err error) ([]safetensors.Source, func() error, error) {
-		closeFiles()
-		return nil, nil, err
+	fail := func(err error) (*Export, error) {
+		e.Close()
+		return nil, err
 	}
 	if err := add(bytesReader(own[0]), model.Span{Embed: true}); err != nil {
 		return fail(fmt.Errorf("embedding: %w", err))
@@ -433,7 +492,7 @@ func DenseSources(store *DiskStore, p *job.Plan) (srcs []safetensors.Source, clo
 		if err != nil {
 			return fail(err)
 		}
-		files = append(files, f)
+		e.files = append(e.files, f)
 		if err := add(io.NewSectionReader(f, 0, size), model.Span{First: s.First, Last: s.Last}); err != nil {
 			return fail(fmt.Errorf("stage %d: %w", i, err))
 		}
@@ -442,5 +501,5 @@ func DenseSources(store *DiskStore, p *job.Plan) (srcs []safetensors.Source, clo
 	if err := add(bytesReader(own[1]), model.Span{First: L, Last: L, Head: true}); err != nil {
 		return fail(fmt.Errorf("head: %w", err))
 	}
-	return srcs, closeFiles, nil
+	return e, nil
 }
