@@ -165,8 +165,8 @@ checkpoint:
 		r.Note = note
 		emit(r)
 	}
-	r = row(pre+"researcher.peak_rss_bytes", float64(run.rss), "bytes", 0)
-	r.Note = "includes writing final/: a subspace model is densified whole (AssembleStages)"
+	r = row(pre+"researcher.peak_rss_bytes", float64(run.rss), "bytes", float64(fixed))
+	r.Note = "its embedding and head, the shards coming home and final/ written, all streamed (baseline: one stage's fixed needs)"
 	emit(r)
 	if sum.Recoveries < 1 {
 		return fmt.Errorf("the run reports no recovery after a stage node was killed")
