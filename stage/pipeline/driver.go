@@ -74,8 +74,9 @@ type Progress struct {
 	BytesSent   int64 // on stage links, both directions
 	PayloadSent int64 // codec payload only
 	// BoundaryBytesPerToken is what one token costs at one stage boundary,
-	// forward and backward together, in codec payload: the figure the
-	// codec is chosen for (measured on the researcher's two boundaries).
+	// forward and backward together, on the socket: the tensor frames'
+	// records with their lengths, headers and tags (measured on the
+	// researcher's two boundaries).
 	BoundaryBytesPerToken float64
 	Tokens                int64 // tokens trained so far (committed steps)
 	Residual              float64
@@ -125,7 +126,10 @@ type Driver struct {
 	workStep int
 	// Tensor payload that crossed the researcher's boundaries, and the
 	// tokens it carried (both boundaries, both directions).
-	actBytes, actTokens int64
+	// Stream bytes and tokens of the tensor frames of links already
+	// closed (the boundary cost on the sockets).
+	tensorBase    int64
+	tensorTokBase uint64
 	scratch             string // a temporary checkpoint directory to remove at the end
 }
 
@@ -317,16 +321,24 @@ func (d *Driver) report(r stepResult) {
 	}
 	el := time.Since(d.start)
 	bytes, pay := d.bytesBase, d.payBase
+	tb, tt := d.tensorBase, d.tensorTokBase
 	for _, l := range d.links {
 		st := l.Stats()
 		bytes += st.BytesSent + st.BytesRecv
 		pay += st.PayloadSent + st.PayloadRecv
+		tb += st.TensorBytesSent + st.TensorBytesRecv
+		tt += st.TensorTokensSent + st.TensorTokensRecv
+	}
+	var perToken float64
+	if tt > 0 {
+		// Each token crosses a boundary once per direction.
+		perToken = 2 * float64(tb) / float64(tt)
 	}
 	d.cfg.Progress(Progress{
 		Step: d.step, Steps: d.cfg.Spec.Steps, Loss: r.loss, GradNorm: r.gradNorm, LR: r.lr,
 		TokensPerS: float64(d.tokens) / el.Seconds(), BytesSent: bytes, PayloadSent: pay,
 		Tokens: d.tokens, Residual: r.residual, Recoveries: d.recoveries, Plan: d.plan,
-		BoundaryBytesPerToken: d.boundaryBytes(),
+		BoundaryBytesPerToken: perToken,
 		Elapsed:               el, LastCheckpoint: d.ckptStep,
 	})
 }
@@ -490,6 +502,8 @@ func (d *Driver) retire(l *wire.Link) {
 	st := l.Stats()
 	d.bytesBase += st.BytesSent + st.BytesRecv
 	d.payBase += st.PayloadSent + st.PayloadRecv
+	d.tensorBase += st.TensorBytesSent + st.TensorBytesRecv
+	d.tensorTokBase += st.TensorTokensSent + st.TensorTokensRecv
 	l.Close()
 }
 
@@ -607,12 +621,6 @@ func (d *Driver) runStep(ctx context.Context, k int) (stepResult, error) {
 		}
 		mb := int(f.Micro)
 		switch f.Kind {
-		case wire.KindForward:
-			d.countTensor(f, codec.Forward)
-		case wire.KindBackward:
-			d.countTensor(f, codec.Backward)
-		}
-		switch f.Kind {
 		case wire.KindForward: // from the last stage: the head computes the loss
 			out, err := d.last.Forward(mb, model.Input{Batch: spec.Rows, Seq: spec.SeqLen, Hidden: f.Data, Targets: batches[mb].Targets, LossTokens: total})
 			if err != nil {
@@ -685,27 +693,7 @@ func (d *Driver) runStep(ctx context.Context, k int) (stepResult, error) {
 
 // boundaryBytes is the codec payload per token per boundary, forward and
 // backward together.
-func (d *Driver) boundaryBytes() float64 {
-	if d.actTokens == 0 {
-		return 0
-	}
-	// actTokens counts each token once per direction per boundary.
-	return 2 * float64(d.actBytes) / float64(d.actTokens)
-}
-
-func (d *Driver) countTensor(f wire.Frame, dir codec.Direction) {
-	n := d.cfg.Spec.MicrobatchTokens()
-	d.actBytes += int64(d.codec.PayloadSize(dir, n))
-	d.actTokens += int64(n)
-}
-
 func (d *Driver) send(ctx context.Context, l *wire.Link, f wire.Frame) error {
-	switch f.Kind {
-	case wire.KindForward:
-		d.countTensor(f, codec.Forward)
-	case wire.KindBackward:
-		d.countTensor(f, codec.Backward)
-	}
 	if err := l.Send(ctx, f); err != nil {
 		return &stageFailure{peer: l.RemotePeer().String(), err: err}
 	}

@@ -45,6 +45,13 @@ type Stats struct {
 	TokensSent, TokensRecv   uint64
 	BytesSent, BytesRecv     int64 // on the stream: records, lengths and tags included
 	PayloadSent, PayloadRecv int64 // codec payload bytes
+	// TensorBytesSent and TensorBytesRecv are the stream bytes of the
+	// forward and backward frames alone (records, lengths and tags
+	// included): what the activations cost on the socket.
+	TensorBytesSent, TensorBytesRecv int64
+	// TensorTokensSent and TensorTokensRecv are the tokens those frames
+	// carried.
+	TensorTokensSent, TensorTokensRecv uint64
 	// LastResidual and MaxResidual are the subspace invariant residuals of
 	// the forward frames this node encoded (0 for other codecs).
 	LastResidual, MaxResidual float64
@@ -187,6 +194,7 @@ func (l *Link) write(ctx context.Context, h *header, payload []byte) error {
 	l.sendCtx = ctx
 	l.sendDeadline = time.Time{}
 	stop := context.AfterFunc(ctx, func() { _ = l.s.SetWriteDeadline(time.Unix(1, 0)) })
+	before := l.w.written.Load()
 	err := l.w.writeFrame(h, payload)
 	stop()
 	if err != nil {
@@ -199,6 +207,10 @@ func (l *Link) write(ctx context.Context, h *header, payload []byte) error {
 	l.stats.FramesSent++
 	l.stats.TokensSent += uint64(h.Rows)
 	l.stats.PayloadSent += int64(h.Length)
+	if h.Kind == KindForward || h.Kind == KindBackward {
+		l.stats.TensorBytesSent += l.w.written.Load() - before // the frame was flushed
+		l.stats.TensorTokensSent += uint64(h.Rows)
+	}
 	l.mu.Unlock()
 	return nil
 }
@@ -312,6 +324,7 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 	if l.recvEOF {
 		return Frame{}, io.EOF
 	}
+	before := l.r.read.Load()
 	h, payload, err := l.read(ctx)
 	if err != nil {
 		return Frame{}, err
@@ -337,6 +350,12 @@ func (l *Link) Recv(ctx context.Context) (Frame, error) {
 	l.stats.FramesRecv++
 	l.stats.TokensRecv += uint64(h.Rows)
 	l.stats.PayloadRecv += int64(h.Length)
+	if h.Kind == KindForward || h.Kind == KindBackward {
+		// The reader takes whole frames' records (readFrame), so the
+		// count moved by exactly this frame.
+		l.stats.TensorBytesRecv += l.r.read.Load() - before
+		l.stats.TensorTokensRecv += uint64(h.Rows)
+	}
 	l.mu.Unlock()
 	return f, nil
 }

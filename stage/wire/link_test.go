@@ -243,3 +243,38 @@ func TestServiceCloseResetsLinksAndStopsAccepting(t *testing.T) {
 		t.Fatalf("OpenLink on a closed service: %v", err)
 	}
 }
+
+// TestTensorBytesCountTheSocket: the tensor counters hold the stream bytes
+// of forward and backward frames alone, above their codec payload by the
+// header, record lengths and tags, and the same on both ends; control
+// frames on the same stream are not counted.
+func TestTensorBytesCountTheSocket(t *testing.T) {
+	const d, n = 512, 80
+	c := mustCodec(t, codec.BF16, d, nil)
+	p := newPair(t, LinkSpec{Codec: c, Accept: Kinds(KindBackward), Tokens: n}, LinkSpec{Codec: c, Accept: Kinds(KindForward), Tokens: n})
+	up, down := p.open(t)
+	ctx := ctxT(t)
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range 3 {
+		if err := up.Send(ctx, Frame{Kind: KindControl, Step: uint64(i), Control: make([]byte, 1000)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := up.Send(ctx, Frame{Kind: KindForward, Step: uint64(i), Data: randData(r, n*d)}); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := down.Recv(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sent, got := up.Stats(), down.Stats()
+	payload := int64(3 * n * d * 2)
+	if sent.TensorBytesSent != got.TensorBytesRecv || sent.TensorTokensSent != 3*n || got.TensorTokensRecv != 3*n {
+		t.Fatalf("sent %d bytes / %d tokens, received %d / %d", sent.TensorBytesSent, sent.TensorTokensSent, got.TensorBytesRecv, got.TensorTokensRecv)
+	}
+	if sent.TensorBytesSent <= payload || sent.TensorBytesSent >= sent.BytesSent {
+		t.Fatalf("tensor frames took %d stream bytes for %d of payload, of %d on the stream", sent.TensorBytesSent, payload, sent.BytesSent)
+	}
+	t.Logf("%.1f stream bytes per token for %d of payload", float64(sent.TensorBytesSent)/float64(3*n), 2*d)
+}
