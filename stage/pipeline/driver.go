@@ -130,7 +130,7 @@ type Driver struct {
 	// closed (the boundary cost on the sockets).
 	tensorBase    int64
 	tensorTokBase uint64
-	scratch             string // a temporary checkpoint directory to remove at the end
+	scratch       string // a temporary checkpoint directory to remove at the end
 }
 
 // stageFailure is a lost stage node.
