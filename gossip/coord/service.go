@@ -24,9 +24,9 @@ import (
 // one reply, each a uvarint-length-prefixed JSON message.
 const JobProtocol protocol.ID = "/holopeer/job/1.0.0"
 
-// AssignProtocol must match pipeline.AssignProtocol: the coordinator sends
-// each named node its signed plan on it.
-const AssignProtocol protocol.ID = "/holopeer/assign/1.0.0"
+// AssignProtocol is job.AssignProtocol: the coordinator sends each named
+// node its signed plan on it.
+const AssignProtocol = protocol.ID(job.AssignProtocol)
 
 const maxMessage = 4 << 20
 

@@ -21,6 +21,11 @@ import (
 	"github.com/holopeer/holopeer/stage/wire/codec"
 )
 
+// AssignProtocol is the libp2p protocol on which the coordinator hands a
+// node its signed plan; the coordinator and the stage runtime both use
+// this one definition.
+const AssignProtocol = "/holopeer/assign/1.0.0"
+
 // Kind is what a job does.
 type Kind string
 

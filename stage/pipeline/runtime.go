@@ -25,7 +25,7 @@ import (
 // AssignProtocol carries a signed plan from the coordinator to a node it
 // names. Request: one uvarint-length-prefixed signed plan. Response: one
 // uvarint-length-prefixed JSON AssignReply.
-const AssignProtocol protocol.ID = "/holopeer/assign/1.0.0"
+const AssignProtocol = protocol.ID(job.AssignProtocol)
 
 // AssignReply says whether a node takes its part of a plan.
 type AssignReply struct {
