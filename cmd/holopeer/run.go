@@ -189,8 +189,11 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	if spec.Model.Subspace.Enabled() {
 		// Subspace stages see token ids: give them pseudonyms under a
 		// secret that stays here.
-		secret, err = loadOrCreateSecret(filepath.Join(o.Out, "pseudonyms.secret"))
-		if err != nil {
+		// A fresh key for every job: two jobs never share a substitution.
+		// It stays in the output directory, beside final/ but not in it,
+		// where serving the factors through the swarm again finds it.
+		secret = pipeline.NewSecret()
+		if err := os.WriteFile(filepath.Join(o.Out, "pseudonyms.secret"), secret, 0o600); err != nil {
 			return sum, err
 		}
 		if perm, err = pipeline.NewPermutation(spec.Model.Vocab, secret); err != nil {
@@ -291,7 +294,7 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	}
 	sum.DenseBytes = float64(2 * 2 * spec.Model.Dim) // bf16 activations forward and gradients backward
 	final := filepath.Join(o.Out, "final")
-	if err := writeFinal(final, store, p, tok, perm, secret); err != nil {
+	if err := writeFinal(final, store, p, tok, perm); err != nil {
 		return sum, fmt.Errorf("final checkpoint: %w", err)
 	}
 	sum.Checkpoint = final
@@ -360,10 +363,11 @@ func openFineTune(m *manifest.Manifest, spec job.Spec) (*checkpoint.Checkpoint, 
 }
 
 // writeFinal writes the last checkpoint's shards as one Hugging Face
-// checkpoint directory (sharded with an index above 2 GiB). A subspace job trained in pseudonym space: its
-// embedding and head rows are put back in real token order in the dense
-// export (the factors keep pseudonym order, with the secret beside them).
-func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenizer.Tokenizer, perm *pipeline.Permutation, secret []byte) error {
+// checkpoint directory (sharded with an index above 2 GiB). A subspace job
+// trained in pseudonym space: its embedding and head rows are put back in
+// real token order in the dense export; the factors keep pseudonym order,
+// and the secret stays outside the export, in the run's directory.
+func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenizer.Tokenizer, perm *pipeline.Permutation) error {
 	// Each tensor streams from its shard file into the export, so the
 	// researcher never holds the model (nor its moments).
 	e, err := pipeline.ExportSources(store, p, perm)
@@ -371,26 +375,7 @@ func writeFinal(dir string, store *pipeline.DiskStore, p *job.Plan, tok tokenize
 		return err
 	}
 	defer e.Close()
-	if err := checkpoint.SaveSources(dir, p.Spec.Model, e.Dense, e.Factors, checkpoint.WithTokenizer(tok)); err != nil {
-		return err
-	}
-	if secret != nil {
-		// The factors stay in pseudonym order: serving them through the
-		// swarm again needs the same secret, so it lives with them.
-		return os.WriteFile(filepath.Join(dir, "pseudonyms.secret"), secret, 0o600)
-	}
-	return nil
-}
-
-func loadOrCreateSecret(path string) ([]byte, error) {
-	if b, err := os.ReadFile(path); err == nil && len(b) >= 16 {
-		return b, nil
-	}
-	b := pipeline.NewSecret()
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return nil, err
-	}
-	return b, nil
+	return checkpoint.SaveSources(dir, p.Spec.Model, e.Dense, e.Factors, checkpoint.WithTokenizer(tok))
 }
 
 // newSyntheticBound is the best loss possible on the synthetic corpus for

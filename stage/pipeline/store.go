@@ -3,12 +3,12 @@ package pipeline
 import (
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -250,25 +250,23 @@ type Permutation struct {
 	fwd, inv []int32
 }
 
-// NewPermutation draws a random permutation of vocab ids from secret (32
-// random bytes: the researcher keeps them with its checkpoints).
+// NewPermutation draws the permutation of vocab ids that secret (at
+// least 16 random bytes; NewSecret gives 32) keys: a Fisher–Yates shuffle
+// driven by ChaCha8 keyed with SHA-256 of the secret, so recovering the
+// substitution from its structure means breaking a 256-bit keyed stream
+// (the first version's generator had 64 bits of state).
 func NewPermutation(vocab int, secret []byte) (*Permutation, error) {
 	if vocab <= 0 || len(secret) < 16 {
 		return nil, errors.New("pipeline: a permutation needs a vocabulary and a secret of at least 16 bytes")
 	}
-	h := sha256.Sum256(append([]byte("holopeer-token-pseudonyms-v1:"), secret...))
-	state := binary.LittleEndian.Uint64(h[:8]) ^ binary.LittleEndian.Uint64(h[8:16])
+	key := sha256.Sum256(append([]byte("holopeer-token-pseudonyms-v2:"), secret...))
+	r := mrand.New(mrand.NewChaCha8(key))
 	p := &Permutation{fwd: make([]int32, vocab), inv: make([]int32, vocab)}
 	for i := range p.fwd {
 		p.fwd[i] = int32(i)
 	}
 	for i := vocab - 1; i > 0; i-- {
-		state += 0x9e3779b97f4a7c15
-		z := state
-		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-		z ^= z >> 31
-		j := int(z % uint64(i+1))
+		j := r.IntN(i + 1)
 		p.fwd[i], p.fwd[j] = p.fwd[j], p.fwd[i]
 	}
 	for i, v := range p.fwd {
