@@ -2,7 +2,6 @@ package gemm
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 	"runtime"
 	"sync"
@@ -19,25 +18,7 @@ import (
 // goroutines, so results are the same on any machine with the same
 // kernel.
 func SgemmBF16(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []uint16, ldb int, beta float32, c []float32, ldc int) {
-	ar, ac := m, k
-	if transA {
-		ar, ac = k, m
-	}
-	br, bc := k, n
-	if transB {
-		br, bc = n, k
-	}
-	if m < 0 || n < 0 || k < 0 {
-		panic(fmt.Sprintf("gemm: negative size m=%d n=%d k=%d", m, n, k))
-	}
-	checkMatrix("a", len(a), ar, ac, lda)
-	checkMatrix("b", len(b), br, bc, ldb)
-	checkMatrix("c", len(c), m, n, ldc)
-	if m == 0 || n == 0 {
-		return
-	}
-	if k == 0 || alpha == 0 {
-		scaleC(m, n, beta, c, ldc)
+	if !prologue(transA, transB, m, n, k, alpha, len(a), lda, len(b), ldb, beta, c, ldc) {
 		return
 	}
 	w := bf16Cols(m, k)

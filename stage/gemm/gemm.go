@@ -40,6 +40,17 @@ import (
 // Like BLAS, it panics on negative sizes, strides shorter than a row, or
 // slices too short for the shapes given.
 func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	if !prologue(transA, transB, m, n, k, alpha, len(a), lda, len(b), ldb, beta, c, ldc) {
+		return
+	}
+	g := args{transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc}
+	run(&g, 0)
+}
+
+// prologue checks the shapes of a product against its slices (panicking as
+// BLAS does) and handles the products that need no multiply; it reports
+// whether one is still to be done.
+func prologue(transA, transB bool, m, n, k int, alpha float32, la, lda, lb, ldb int, beta float32, c []float32, ldc int) bool {
 	ar, ac := m, k
 	if transA {
 		ar, ac = k, m
@@ -51,18 +62,17 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 	if m < 0 || n < 0 || k < 0 {
 		panic(fmt.Sprintf("gemm: negative size m=%d n=%d k=%d", m, n, k))
 	}
-	checkMatrix("a", len(a), ar, ac, lda)
-	checkMatrix("b", len(b), br, bc, ldb)
+	checkMatrix("a", la, ar, ac, lda)
+	checkMatrix("b", lb, br, bc, ldb)
 	checkMatrix("c", len(c), m, n, ldc)
 	if m == 0 || n == 0 {
-		return
+		return false
 	}
 	if k == 0 || alpha == 0 {
 		scaleC(m, n, beta, c, ldc)
-		return
+		return false
 	}
-	g := args{transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc}
-	run(&g, 0)
+	return true
 }
 
 // run picks the path for a checked, non-empty product and runs it on

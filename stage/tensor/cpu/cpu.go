@@ -81,38 +81,24 @@ func (b *buffer) Len() int {
 
 func (b *buffer) DType() tensor.DType { return b.dt }
 
-func f32(x tensor.Buffer) []float32 {
+// own returns x as this backend's buffer of dtype dt, or panics: a buffer
+// from another backend or of the wrong dtype is a programming error.
+func own(x tensor.Buffer, dt tensor.DType) *buffer {
 	b, ok := x.(*buffer)
 	if !ok {
 		panic(fmt.Sprintf("cpu: buffer of type %T does not belong to the cpu backend", x))
 	}
-	if b.dt != tensor.Float32 {
-		panic("cpu: float32 buffer expected, got " + b.dt.String())
+	if b.dt != dt {
+		panic("cpu: " + dt.String() + " buffer expected, got " + b.dt.String())
 	}
-	return b.f
+	return b
 }
 
-func bf16(x tensor.Buffer) []uint16 {
-	b, ok := x.(*buffer)
-	if !ok {
-		panic(fmt.Sprintf("cpu: buffer of type %T does not belong to the cpu backend", x))
-	}
-	if b.dt != tensor.BFloat16 {
-		panic("cpu: bfloat16 buffer expected, got " + b.dt.String())
-	}
-	return b.h
-}
+func f32(x tensor.Buffer) []float32 { return own(x, tensor.Float32).f }
 
-func i32(x tensor.Buffer) []int32 {
-	b, ok := x.(*buffer)
-	if !ok {
-		panic(fmt.Sprintf("cpu: buffer of type %T does not belong to the cpu backend", x))
-	}
-	if b.dt != tensor.Int32 {
-		panic("cpu: int32 buffer expected, got " + b.dt.String())
-	}
-	return b.i
-}
+func bf16(x tensor.Buffer) []uint16 { return own(x, tensor.BFloat16).h }
+
+func i32(x tensor.Buffer) []int32 { return own(x, tensor.Int32).i }
 
 // Alloc implements tensor.Backend.
 func (*Backend) Alloc(dt tensor.DType, n int) tensor.Buffer {
