@@ -178,7 +178,9 @@ var lossStepRE = regexp.MustCompile(`"step":(\d+)`)
 
 // killAfterCheckpoint waits until the run has passed its first checkpoint
 // (loss.jsonl two steps beyond it and the checkpoint on disk), then kills
-// the node that holds the most memory: one with a stage, never the spare.
+// the node that holds the most memory: one with a stage, never the spare,
+// and never node 0, the only coordinator candidate (killing it leaves the
+// run without a coordinator to re-plan, which is not what this measures).
 func killAfterCheckpoint(ctx context.Context, run *child, out string, every int, sw *scaleSwarm) (*scaleNode, error) {
 	deadline := time.Now().Add(time.Hour)
 	for time.Now().Before(deadline) {
@@ -197,7 +199,7 @@ func killAfterCheckpoint(ctx context.Context, run *child, out string, every int,
 		}
 		var victim *scaleNode
 		var most int64
-		for _, n := range sw.nodes {
+		for _, n := range sw.nodes[1:] {
 			if rss := currentRSS(n.proc.cmd.Process.Pid); rss > most {
 				victim, most = n, rss
 			}

@@ -9,12 +9,6 @@ import (
 	"testing"
 	"time"
 
-	lpeer "github.com/libp2p/go-libp2p/core/peer"
-	ma "github.com/multiformats/go-multiaddr"
-
-	"github.com/holopeer/holopeer/gossip"
-	hpeer "github.com/holopeer/holopeer/peer"
-	"github.com/holopeer/holopeer/peer/node"
 	"github.com/holopeer/holopeer/stage/manifest"
 )
 
@@ -25,32 +19,7 @@ import (
 func TestRunKeepsPseudonymKeysApart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	loop, _ := ma.NewMultiaddr("/ip4/127.0.0.1/tcp/0")
-	timing := &gossip.Timing{Tick: 20 * time.Millisecond, Presence: 200 * time.Millisecond}
-	start := func(tee string, boot []lpeer.AddrInfo) *node.Node {
-		n, err := node.Start(ctx, node.Config{
-			DataDir: t.TempDir(), Swarm: "secret-test", Listen: []ma.Multiaddr{loop}, Bootstrap: boot, API: "off",
-			Logger: quietLogger(), Offer: hpeer.Offer{MemoryBytes: 1 << 30, GFLOPS: 10},
-			TEE: tee, AllowSim: true, GossipTiming: timing,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		return n
-	}
-	first := start("sim", nil)
-	h := first.Host().Libp2p()
-	boot := []lpeer.AddrInfo{{ID: h.ID(), Addrs: h.Addrs()}}
-	start("none", boot)
-	researcher := start("none", boot)
-	for researcher.Gossip().Coordinator() == nil || len(first.Gossip().Presence()) < 2 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("no coordinator elected, or the nodes did not see each other")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	_, researcher := startTestSwarm(t, ctx, "secret-test", 2)
 	m, err := manifest.Parse([]byte(`name: secret
 tokenizer: byte
 model: {dim: 32, layers: 2, heads: 4, kv_heads: 2, ffn_dim: 64, max_seq: 32}

@@ -8,12 +8,6 @@ import (
 	"testing"
 	"time"
 
-	lpeer "github.com/libp2p/go-libp2p/core/peer"
-	ma "github.com/multiformats/go-multiaddr"
-
-	"github.com/holopeer/holopeer/gossip"
-	hpeer "github.com/holopeer/holopeer/peer"
-	"github.com/holopeer/holopeer/peer/node"
 	"github.com/holopeer/holopeer/stage/checkpoint"
 	"github.com/holopeer/holopeer/stage/checkpoint/checkpointtest"
 	"github.com/holopeer/holopeer/stage/manifest"
@@ -29,37 +23,7 @@ import (
 func TestServeTrainedOnNodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	loop, _ := ma.NewMultiaddr("/ip4/127.0.0.1/tcp/0")
-	timing := &gossip.Timing{Tick: 20 * time.Millisecond, Presence: 200 * time.Millisecond}
-	start := func(tee string, boot []lpeer.AddrInfo) *node.Node {
-		t.Helper()
-		n, err := node.Start(ctx, node.Config{
-			DataDir: t.TempDir(), Swarm: "serve-test", Listen: []ma.Multiaddr{loop}, Bootstrap: boot, API: "off",
-			Logger: quietLogger(), Offer: hpeer.Offer{MemoryBytes: 1 << 30, GFLOPS: 10},
-			TEE: tee, AllowSim: true, GossipTiming: timing,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		return n
-	}
-	first := start("sim", nil)
-	h := first.Host().Libp2p()
-	boot := []lpeer.AddrInfo{{ID: h.ID(), Addrs: h.Addrs()}}
-	nodes := []*node.Node{first, start("none", boot), start("none", boot)}
-	researcher := start("none", boot)
-	for {
-		c := researcher.Gossip().Coordinator()
-		if c != nil && len(first.Gossip().Presence()) >= 3 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no coordinator elected, or the nodes did not see each other")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	nodes, researcher := startTestSwarm(t, ctx, "serve-test", 3)
 
 	dir := t.TempDir()
 	cfg := model.Config{Vocab: 257, Dim: 32, Layers: 3, Heads: 4, KVHeads: 2, FFNDim: 64, MaxSeq: 64}
