@@ -277,7 +277,7 @@ func (s *Service) submit(ctx context.Context, term uint64, researcher string, sp
 	s.mu.Unlock()
 	exclude := s.busy()
 	var tried []string // nodes an earlier attempt placed: told when a later plan drops them
-	for attempt := 0; attempt < 4; attempt++ {
+	for attempt := 0; attempt < job.MaxSubmitAttempts; attempt++ {
 		stages, spares, err := Place(s.request(spec, researcher, exclude), s.cfg.Offers())
 		if err != nil {
 			return nil, err

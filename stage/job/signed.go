@@ -113,6 +113,10 @@ func (p *Plan) checkSpec() error {
 	return nil
 }
 
+// MaxSubmitAttempts is how many placements a coordinator tries for one
+// submit; attempt i is signed at epoch and gen i.
+const MaxSubmitAttempts = 4
+
 // ErrJobChanged is returned by SameJob.
 var ErrJobChanged = errors.New("job: the new plan changes the job")
 
@@ -120,6 +124,11 @@ var ErrJobChanged = errors.New("job: the new plan changes the job")
 // researcher, the same signed spec and the same block spans. A re-plan may
 // move stages between nodes and re-sign in a new term; it may not hand
 // the job (its weights, its optimizer state) to anyone else or reshape it.
+//
+// One kind of plan may reshape the spans: the coordinator's own retries
+// of a submit (same coordinator and term, training from step 1, epoch
+// equal to gen and at most MaxSubmitAttempts), which place again around
+// nodes that refused and split the blocks anew before any step ran.
 func SameJob(cur, next *Plan) error {
 	switch {
 	case cur.JobID != next.JobID:
@@ -128,6 +137,9 @@ func SameJob(cur, next *Plan) error {
 		return fmt.Errorf("%w: researcher %s, not %s", ErrJobChanged, short(next.Researcher), short(cur.Researcher))
 	case !bytes.Equal(cur.SignedSpec, next.SignedSpec):
 		return fmt.Errorf("%w: another spec", ErrJobChanged)
+	case cur.Coordinator == next.Coordinator && cur.Term == next.Term && cur.StartStep <= 1 && next.StartStep <= 1 &&
+		cur.Epoch == cur.Gen && next.Epoch == next.Gen && next.Epoch <= MaxSubmitAttempts:
+		return nil // a submit's placement retry
 	case len(cur.Stages) != len(next.Stages):
 		return fmt.Errorf("%w: %d stages, not %d", ErrJobChanged, len(next.Stages), len(cur.Stages))
 	}

@@ -64,14 +64,28 @@ func TestPlanBoundToSignedSpec(t *testing.T) {
 
 func TestSameJob(t *testing.T) {
 	p, _ := testPlan(t)
+	p.Gen = p.Epoch
 	q := *p
+	q.Epoch, q.Gen = 2, 2
 	q.Stages = []StagePlan{p.Stages[0], {Index: 1, First: 2, Last: 4, Replicas: []string{"D"}}}
 	if err := SameJob(p, &q); err != nil {
 		t.Fatalf("a stage moved to another node: %v", err)
 	}
 	q.Stages = []StagePlan{{Index: 0, First: 0, Last: 1, Replicas: []string{"A"}}, {Index: 1, First: 1, Last: 4, Replicas: []string{"B"}}}
+	if err := SameJob(p, &q); err != nil {
+		t.Fatalf("the coordinator's own placement retry: %v", err)
+	}
+	q.Term++ // a later coordinator (or term) reshaping the job
 	if err := SameJob(p, &q); !errors.Is(err, ErrJobChanged) {
 		t.Fatalf("moved block span: %v", err)
+	}
+	q.Term, q.Gen = p.Term, 1 // the same coordinator, re-signing later
+	if err := SameJob(p, &q); !errors.Is(err, ErrJobChanged) {
+		t.Fatalf("moved block span in a re-plan: %v", err)
+	}
+	q.Gen, q.StartStep = 2, 7 // the same coordinator, after a recovery
+	if err := SameJob(p, &q); !errors.Is(err, ErrJobChanged) {
+		t.Fatalf("moved block span after training began: %v", err)
 	}
 	other, _ := testPlan(t) // same spec, signed by another researcher
 	q = *p
