@@ -50,6 +50,30 @@ type Request struct {
 	Plan []byte `json:"plan,omitempty"`
 }
 
+// ErrBadRequest wraps a request that does not decode or is out of bounds.
+var ErrBadRequest = errors.New("bad request")
+
+// DecodeRequest parses a researcher's message and bounds what it carries
+// before any of it is opened or acted on.
+func DecodeRequest(b []byte) (Request, error) {
+	var req Request
+	if len(b) > maxMessage {
+		return req, fmt.Errorf("%w: %d bytes", ErrBadRequest, len(b))
+	}
+	if err := json.Unmarshal(b, &req); err != nil {
+		return Request{}, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	switch {
+	case req.Op != "submit" && req.Op != "replan" && req.Op != "release" && req.Op != "work":
+		return Request{}, fmt.Errorf("%w: unknown op %q", ErrBadRequest, req.Op)
+	case len(req.SignedSpec) > job.MaxSignedSpecBytes, len(req.Plan) > job.MaxPlanBytes:
+		return Request{}, fmt.Errorf("%w: signed spec or plan too large", ErrBadRequest)
+	case len(req.Work) > 4096, len(req.JobID) > 96, len(req.Lost) > 128:
+		return Request{}, fmt.Errorf("%w: field out of bounds", ErrBadRequest)
+	}
+	return req, nil
+}
+
 // Reply is the coordinator's answer.
 type Reply struct {
 	Plan []byte `json:"plan,omitempty"`
@@ -194,9 +218,9 @@ func (s *Service) serve(st network.Stream) {
 		st.Reset()
 		return
 	}
-	var req Request
-	if err := json.Unmarshal(b, &req); err != nil {
-		writeReply(st, Reply{Err: "bad request: " + err.Error()})
+	req, err := DecodeRequest(b)
+	if err != nil {
+		writeReply(st, Reply{Err: err.Error()})
 		return
 	}
 	from := st.Conn().RemotePeer()
