@@ -350,3 +350,34 @@ func TestSelfSignedReplanSkipsPlacement(t *testing.T) {
 		t.Fatalf("submit of a spec signed by another key: reply %+v", r)
 	}
 }
+
+// TestTakeoverOntoBusyNodes: a genuine plan of an earlier term is not
+// adopted onto nodes the new coordinator already placed another job on,
+// which would stack two jobs on each node behind placement's back.
+func TestTakeoverOntoBusyNodes(t *testing.T) {
+	s := newSwarm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first, err := s.client(s.researcher, s.a, nil).Submit(ctx, testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, _ := job.OpenPlan(first)
+	s.term.Store(2)
+	other, _ := newHost(t)
+	for _, h := range append([]host.Host{s.b}, s.stages...) {
+		other.Peerstore().AddAddrs(h.ID(), h.Addrs(), time.Hour)
+		h.Peerstore().AddAddrs(other.ID(), other.Addrs(), time.Hour)
+	}
+	// B does not know the first job and places a second on the same nodes.
+	if _, err := s.client(other, s.b, nil).Submit(ctx, testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.client(s.researcher, s.b, first).Replan(ctx, p1.JobID, p1.Epoch, "", 0)
+	if err == nil || !strings.Contains(err.Error(), coord.ErrNodesBusy.Error()) {
+		t.Fatalf("takeover onto busy nodes: %v, want %v", err, coord.ErrNodesBusy)
+	}
+	if n := len(s.coordB.Jobs()); n != 1 {
+		t.Fatalf("B holds %d jobs, want 1", n)
+	}
+}
