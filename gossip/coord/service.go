@@ -32,11 +32,13 @@ const maxMessage = 4 << 20
 
 // Request is a researcher's message to the coordinator.
 type Request struct {
-	Op    string    `json:"op"` // submit | replan | release
-	Spec  *job.Spec `json:"spec,omitempty"`
-	JobID string    `json:"job_id,omitempty"`
-	Epoch uint64    `json:"epoch,omitempty"`
-	Lost  string    `json:"lost,omitempty"`
+	Op string `json:"op"` // submit | replan | release | work
+	// SignedSpec is the job's spec signed by the researcher (submit,
+	// job.SignSpec): the job belongs to that key.
+	SignedSpec []byte `json:"signed_spec,omitempty"`
+	JobID      string `json:"job_id,omitempty"`
+	Epoch      uint64 `json:"epoch,omitempty"`
+	Lost       string `json:"lost,omitempty"`
 	// Resume is the step the researcher resumes training at (replan).
 	Resume uint64 `json:"resume,omitempty"`
 	// Work is what each stage node did over steps (From, To] (work).
@@ -46,6 +48,30 @@ type Request struct {
 	// Plan is the researcher's current signed plan (replan): it lets a
 	// coordinator elected after the job started take the job over.
 	Plan []byte `json:"plan,omitempty"`
+}
+
+// ErrBadRequest wraps a request that does not decode or is out of bounds.
+var ErrBadRequest = errors.New("bad request")
+
+// DecodeRequest parses a researcher's message and bounds what it carries
+// before any of it is opened or acted on.
+func DecodeRequest(b []byte) (Request, error) {
+	var req Request
+	if len(b) > maxMessage {
+		return req, fmt.Errorf("%w: %d bytes", ErrBadRequest, len(b))
+	}
+	if err := json.Unmarshal(b, &req); err != nil {
+		return Request{}, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	switch {
+	case req.Op != "submit" && req.Op != "replan" && req.Op != "release" && req.Op != "work":
+		return Request{}, fmt.Errorf("%w: unknown op %q", ErrBadRequest, req.Op)
+	case len(req.SignedSpec) > job.MaxSignedSpecBytes, len(req.Plan) > job.MaxPlanBytes:
+		return Request{}, fmt.Errorf("%w: signed spec or plan too large", ErrBadRequest)
+	case len(req.Work) > 4096, len(req.JobID) > 96, len(req.Lost) > 128:
+		return Request{}, fmt.Errorf("%w: field out of bounds", ErrBadRequest)
+	}
+	return req, nil
 }
 
 // Reply is the coordinator's answer.
@@ -58,7 +84,20 @@ type Reply struct {
 var (
 	ErrNotCoordinator = errors.New("this node is not the coordinator")
 	ErrNotResearcher  = errors.New("only the job's researcher may change it")
+	// ErrUntrustedPlan refuses a takeover whose plan was not signed by
+	// the coordinator of its term, as this node's term history has it:
+	// only a plan a coordinator placed may be taken over.
+	ErrUntrustedPlan = errors.New("the plan was not placed by its term's coordinator")
+	// ErrNodesBusy refuses a takeover whose plan names nodes that hold a
+	// stage of another job this coordinator placed or took over.
+	ErrNodesBusy = errors.New("the plan names nodes busy with another job")
 )
+
+// TermHistory answers who was coordinator in a term, from the terms this
+// node's election accepted (peer/ledger.History implements it).
+type TermHistory interface {
+	CoordinatorOf(term uint64) (peerID string, ok bool)
+}
 
 // Config is what the coordinator service needs from its node.
 type Config struct {
@@ -84,6 +123,10 @@ type Config struct {
 	// AssignLocal hands a plan to this node's own stage runtime, when the
 	// coordinator places a stage on its own node.
 	AssignLocal func(ctx context.Context, signed []byte) error
+	// Terms is the election's term history. A coordinator takes over a
+	// job it did not place only if the plan's signer coordinated the
+	// plan's term by it; without one it takes over none.
+	Terms TermHistory
 }
 
 // Service is the coordinator's job handling: it answers researchers,
@@ -175,9 +218,9 @@ func (s *Service) serve(st network.Stream) {
 		st.Reset()
 		return
 	}
-	var req Request
-	if err := json.Unmarshal(b, &req); err != nil {
-		writeReply(st, Reply{Err: "bad request: " + err.Error()})
+	req, err := DecodeRequest(b)
+	if err != nil {
+		writeReply(st, Reply{Err: err.Error()})
 		return
 	}
 	from := st.Conn().RemotePeer()
@@ -207,13 +250,17 @@ func (s *Service) handle(ctx context.Context, from peer.ID, req Request) ([]byte
 	}
 	switch req.Op {
 	case "submit":
-		if req.Spec == nil {
-			return nil, errors.New("submit without a spec")
+		if len(req.SignedSpec) == 0 {
+			return nil, errors.New("submit without a signed spec")
 		}
-		if err := req.Spec.Validate(); err != nil {
+		spec, researcher, err := job.OpenSpec(req.SignedSpec)
+		if err != nil {
 			return nil, err
 		}
-		return s.submit(ctx, term, from.String(), *req.Spec)
+		if researcher != from.String() {
+			return nil, fmt.Errorf("%w: spec signed by %s, sent by %s", ErrNotResearcher, short(researcher), from.ShortString())
+		}
+		return s.submit(ctx, term, researcher, *spec, req.SignedSpec)
 	case "replan":
 		return s.replan(ctx, term, from.String(), req)
 	case "release":
@@ -245,7 +292,7 @@ func (s *Service) request(spec job.Spec, researcher string, exclude []string) Pl
 	}
 }
 
-func (s *Service) submit(ctx context.Context, term uint64, researcher string, spec job.Spec) ([]byte, error) {
+func (s *Service) submit(ctx context.Context, term uint64, researcher string, spec job.Spec, signedSpec []byte) ([]byte, error) {
 	s.mu.Lock()
 	if _, dup := s.jobs[spec.JobID]; dup {
 		s.mu.Unlock()
@@ -254,7 +301,7 @@ func (s *Service) submit(ctx context.Context, term uint64, researcher string, sp
 	s.mu.Unlock()
 	exclude := s.busy()
 	var tried []string // nodes an earlier attempt placed: told when a later plan drops them
-	for attempt := 0; attempt < 4; attempt++ {
+	for attempt := 0; attempt < job.MaxSubmitAttempts; attempt++ {
 		stages, spares, err := Place(s.request(spec, researcher, exclude), s.cfg.Offers())
 		if err != nil {
 			return nil, err
@@ -265,7 +312,7 @@ func (s *Service) submit(ctx context.Context, term uint64, researcher string, sp
 		p := &job.Plan{
 			JobID: spec.JobID, Epoch: e, Gen: e, StartStep: 1, Term: term,
 			Coordinator: s.cfg.Host.ID().String(), Researcher: researcher,
-			Spec: spec, Stages: stages, Spares: spares, IssuedAt: s.cfg.Clock().UTC(),
+			Spec: spec, SignedSpec: signedSpec, Stages: stages, Spares: spares, IssuedAt: s.cfg.Clock().UTC(),
 		}
 		signed, err := job.SignPlan(p, s.cfg.Key)
 		if err != nil {
@@ -370,22 +417,10 @@ func (s *Service) replan(ctx context.Context, term uint64, from string, req Requ
 	js := s.jobs[req.JobID]
 	s.mu.Unlock()
 	if js == nil {
-		if len(req.Plan) == 0 {
-			return nil, fmt.Errorf("unknown job %s", req.JobID)
-		}
-		p, err := job.OpenPlan(req.Plan)
-		if err != nil {
+		var err error
+		if js, err = s.takeOver(term, from, req); err != nil {
 			return nil, err
 		}
-		if p.JobID != req.JobID || p.Researcher != from {
-			return nil, ErrNotResearcher
-		}
-		js = &jobState{plan: p, signed: req.Plan, silent: map[string]time.Time{}}
-		js.remember(p)
-		s.mu.Lock()
-		s.jobs[req.JobID] = js
-		s.mu.Unlock()
-		s.log.Info("took over a job from an earlier coordinator", "job", p.JobID, "term", p.Term)
 	}
 	if js.plan.Researcher != from {
 		return nil, ErrNotResearcher
@@ -394,6 +429,58 @@ func (s *Service) replan(ctx context.Context, term uint64, from string, req Requ
 		return js.signed, nil // the researcher is behind: hand it the newest
 	}
 	return s.replace(ctx, term, req.JobID, req.Lost, req.Resume)
+}
+
+// takeOver adopts a job this coordinator does not know from the plan its
+// researcher sends. The plan must open (coordinator's signature, and the
+// researcher's signed spec naming from), and its signer must be the
+// coordinator of its term in this node's term history, at or before this
+// term: so only a placement some coordinator made is adopted, never one a
+// peer signed for itself. A plan that puts nodes on a job this
+// coordinator already holds them for is refused: placement gives a node
+// one job.
+func (s *Service) takeOver(term uint64, from string, req Request) (*jobState, error) {
+	if len(req.Plan) == 0 {
+		return nil, fmt.Errorf("unknown job %s", req.JobID)
+	}
+	p, err := job.OpenPlan(req.Plan)
+	if err != nil {
+		return nil, err
+	}
+	if p.JobID != req.JobID || p.Researcher != from {
+		return nil, ErrNotResearcher
+	}
+	if p.Term > term {
+		return nil, fmt.Errorf("%w: plan of term %d, this coordinator is in term %d", ErrUntrustedPlan, p.Term, term)
+	}
+	if s.cfg.Terms == nil {
+		return nil, fmt.Errorf("%w: this node keeps no term history", ErrUntrustedPlan)
+	}
+	c, ok := s.cfg.Terms.CoordinatorOf(p.Term)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: term %d is not in this node's history", ErrUntrustedPlan, p.Term)
+	case c != p.Coordinator:
+		return nil, fmt.Errorf("%w: term %d was coordinated by %s, the plan is signed by %s", ErrUntrustedPlan, p.Term, short(c), short(p.Coordinator))
+	}
+	busy := s.busy()
+	for _, st := range p.Stages {
+		for _, r := range st.Replicas {
+			if slices.Contains(busy, r) {
+				return nil, fmt.Errorf("%w: %s", ErrNodesBusy, short(r))
+			}
+		}
+	}
+	js := &jobState{plan: p, signed: req.Plan, silent: map[string]time.Time{}}
+	js.remember(p)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur := s.jobs[req.JobID]; cur != nil {
+		return cur, nil // a concurrent replan took it over first
+	}
+	s.jobs[req.JobID] = js
+	s.log.Info("took over a job from an earlier coordinator", "job", p.JobID, "term", p.Term, "coordinator", short(p.Coordinator))
+	return js, nil
 }
 
 // replace moves the stage of lost (if any) and re-signs the plan in this
@@ -620,9 +707,18 @@ func (c *Client) call(ctx context.Context, req Request) ([]byte, error) {
 	return r.Plan, nil
 }
 
-// Submit asks the coordinator to place a job.
+// Submit signs spec with the host's identity key, which makes the job
+// this researcher's, and asks the coordinator to place it.
 func (c *Client) Submit(ctx context.Context, spec job.Spec) ([]byte, error) {
-	return c.call(ctx, Request{Op: "submit", Spec: &spec})
+	key := c.Host.Peerstore().PrivKey(c.Host.ID())
+	if key == nil {
+		return nil, errors.New("coord: the host's identity key is not in its peerstore")
+	}
+	signed, err := job.SignSpec(&spec, key)
+	if err != nil {
+		return nil, err
+	}
+	return c.call(ctx, Request{Op: "submit", SignedSpec: signed})
 }
 
 // Replan asks for a plan without the lost node.

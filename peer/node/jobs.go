@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"sync"
@@ -19,7 +21,15 @@ import (
 const (
 	maxJobs      = 32   // jobs remembered
 	maxLossPoint = 2000 // loss samples kept per job
+	// maxOwners bounds the job ids remembered with their researcher after
+	// the job itself is evicted, so a peer that pushes a job out with fake
+	// ones does not then get to report under its id.
+	maxOwners = 4096
 )
+
+// ErrNotOwner refuses a progress report on a job from a peer other than
+// the researcher first heard reporting it.
+var ErrNotOwner = errors.New("progress report from a peer that is not the job's researcher")
 
 // jobUpdate is the jobs-topic payload: one progress report.
 type jobUpdate struct {
@@ -30,13 +40,36 @@ type jobUpdate struct {
 type jobBook struct {
 	mu   sync.Mutex
 	jobs map[string]*api.JobStatus
+	// owners binds each job id to the researcher first heard reporting
+	// it; order is their arrival, for eviction.
+	owners map[string]string
+	order  []string
 }
 
-func (b *jobBook) merge(st *api.JobStatus) {
+// merge records a report from peer from. A job id belongs to the first
+// researcher that reports it: a report from anyone else (or naming anyone
+// else) is refused, so no peer can relabel, fail or truncate the curve of
+// another's job. Only the owner's own reports roll its curve back.
+func (b *jobBook) merge(from string, st *api.JobStatus) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if st.Researcher != from {
+		return fmt.Errorf("%w: report names researcher %q", ErrNotOwner, st.Researcher)
+	}
 	if b.jobs == nil {
 		b.jobs = map[string]*api.JobStatus{}
+		b.owners = map[string]string{}
+	}
+	if owner, ok := b.owners[st.JobID]; ok && owner != from {
+		return fmt.Errorf("%w: job %s belongs to %s", ErrNotOwner, st.JobID, owner)
+	}
+	if _, ok := b.owners[st.JobID]; !ok {
+		if len(b.order) >= maxOwners {
+			delete(b.owners, b.order[0])
+			b.order = b.order[1:]
+		}
+		b.owners[st.JobID] = from
+		b.order = append(b.order, st.JobID)
 	}
 	cur, ok := b.jobs[st.JobID]
 	if !ok {
@@ -46,7 +79,7 @@ func (b *jobBook) merge(st *api.JobStatus) {
 		cp := *st
 		cp.Loss = slices.Clone(st.Loss)
 		b.jobs[st.JobID] = &cp
-		return
+		return nil
 	}
 	points := cur.Loss
 	for _, p := range st.Loss {
@@ -71,6 +104,7 @@ func (b *jobBook) merge(st *api.JobStatus) {
 	if len(cur.Stages) == 0 {
 		cur.Stages = keep.Stages
 	}
+	return nil
 }
 
 // thin halves a long curve, keeping the newest point.
@@ -110,7 +144,10 @@ func (b *jobBook) list() []api.JobStatus {
 // should hold the points since the previous report.
 func (n *Node) ReportJob(ctx context.Context, st api.JobStatus) {
 	st.Updated = time.Now().UTC()
-	n.jobs.merge(&st)
+	if err := n.jobs.merge(n.host.ID().String(), &st); err != nil {
+		n.log.Warn("not reporting a job this node does not own", "job", st.JobID, "err", err)
+		return
+	}
 	b, err := json.Marshal(jobUpdate{Type: "progress", Job: &st})
 	if err != nil {
 		return
@@ -134,18 +171,25 @@ func (n *Node) followJobs(ctx context.Context) {
 			n.takeReceipt(m.From.String(), r.Receipt)
 			continue
 		}
-		var u jobUpdate
-		if err := json.Unmarshal(m.Payload, &u); err != nil || u.Type != "progress" || u.Job == nil || u.Job.JobID == "" {
-			continue
+		if err := n.jobs.takeReport(m.From.String(), m.Payload); err != nil {
+			n.log.Debug("refused a jobs-topic message", "from", m.From.ShortString(), "err", err)
 		}
-		if u.Job.Researcher != m.From.String() {
-			continue // only a job's researcher reports on it
-		}
-		if len(u.Job.Loss) > 64 || len(u.Job.Stages) > 256 {
-			continue
-		}
-		n.jobs.merge(u.Job)
 	}
+}
+
+// errNotProgress is a jobs-topic payload that is not a progress report.
+var errNotProgress = errors.New("not a progress report")
+
+// takeReport merges a gossiped progress report from peer from.
+func (b *jobBook) takeReport(from string, payload []byte) error {
+	var u jobUpdate
+	if err := json.Unmarshal(payload, &u); err != nil || u.Type != "progress" || u.Job == nil || u.Job.JobID == "" {
+		return errNotProgress
+	}
+	if len(u.Job.Loss) > 64 || len(u.Job.Stages) > 256 {
+		return fmt.Errorf("progress report of %d points and %d stages", len(u.Job.Loss), len(u.Job.Stages))
+	}
+	return b.merge(from, u.Job)
 }
 
 func (n *Node) serveJobs(w http.ResponseWriter, r *http.Request) {

@@ -144,6 +144,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.host, err = hpeer.New(ctx, opts...); err != nil {
 		return nil, err
 	}
+	if err := n.openLedger(); err != nil {
+		return nil, err
+	}
 	if err := n.startServices(ctx); err != nil {
 		return nil, err
 	}

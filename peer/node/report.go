@@ -23,13 +23,19 @@ type receiptUpdate struct {
 	Receipt json.RawMessage `json:"receipt"`
 }
 
-func (n *Node) startReporting() error {
+// openLedger opens the ledger and the metrics its refusals count. It runs
+// before the services start: the coordinator checks takeovers against the
+// ledger's term history.
+func (n *Node) openLedger() error {
 	var err error
 	n.metrics = metrics.New(metrics.WithStatus(n.Status), metrics.WithJobs(n.Jobs))
 	refused := func(reason string) { n.metrics.Refused("ledger", reason) }
-	if n.ledger, err = ledger.Open(n.cfg.DataDir, n.cfg.Swarm, ledger.WithLogger(n.log), ledger.WithRefusals(refused)); err != nil {
-		return err
-	}
+	n.ledger, err = ledger.Open(n.cfg.DataDir, n.cfg.Swarm, ledger.WithLogger(n.log), ledger.WithRefusals(refused))
+	return err
+}
+
+func (n *Node) startReporting() error {
+	var err error
 	if n.issuer, err = ledger.NewIssuer(n.host.PrivateKey(), n.cfg.Swarm, 0); err != nil {
 		return err
 	}

@@ -78,6 +78,7 @@ func (n *Node) startServices(ctx context.Context) error {
 			}
 			return n.runtime.Assign(ctx, signed, "")
 		},
+		Terms:  n.ledger.History(),
 		Term:   n.coordinatorTerm,
 		Offers: n.offers,
 		Alive:  n.alive,

@@ -28,14 +28,17 @@ type Plan struct {
 	// StartStep is the first step this placement trains (1, or the step
 	// after the checkpoint a recovery resumes from): links refuse frames
 	// of earlier steps.
-	StartStep   uint64      `json:"start_step"`
-	Term        uint64      `json:"term"`
-	Coordinator string      `json:"coordinator"`
-	Researcher  string      `json:"researcher"`
-	Spec        Spec        `json:"spec"` // what every stage needs to know of the job
-	Stages      []StagePlan `json:"stages"`
-	Spares      []string    `json:"spares,omitempty"`
-	IssuedAt    time.Time   `json:"issued_at"`
+	StartStep   uint64 `json:"start_step"`
+	Term        uint64 `json:"term"`
+	Coordinator string `json:"coordinator"`
+	Researcher  string `json:"researcher"`
+	Spec        Spec   `json:"spec"` // what every stage needs to know of the job
+	// SignedSpec is Spec as its researcher signed it (SignSpec): the plan
+	// opens only if Researcher signed it and Spec is what they signed.
+	SignedSpec []byte      `json:"signed_spec"`
+	Stages     []StagePlan `json:"stages"`
+	Spares     []string    `json:"spares,omitempty"`
+	IssuedAt   time.Time   `json:"issued_at"`
 }
 
 // Neighbours returns who peer p exchanges activations with in this plan:
@@ -128,6 +131,9 @@ func SignPlan(p *Plan, key crypto.PrivKey) ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	if err := p.checkSpec(); err != nil {
+		return nil, err
+	}
 	body, err := json.Marshal(p)
 	if err != nil {
 		return nil, err
@@ -144,7 +150,8 @@ func SignPlan(p *Plan, key crypto.PrivKey) ([]byte, error) {
 var ErrPlanSignature = errors.New("plan: bad signature")
 
 // OpenPlan checks the signature of an encoded signed plan against the
-// coordinator it names and returns the plan. Whether that peer was
+// coordinator it names, and its signed spec against its researcher, and
+// returns the plan. Whether that peer was
 // coordinator in the plan's term is the caller's check (the election
 // state knows).
 func OpenPlan(b []byte) (*Plan, error) {
@@ -163,6 +170,9 @@ func OpenPlan(b []byte) (*Plan, error) {
 		return nil, err
 	}
 	if err := p.Spec.Validate(); err != nil {
+		return nil, err
+	}
+	if err := p.checkSpec(); err != nil {
 		return nil, err
 	}
 	id, err := lpeer.Decode(p.Coordinator)

@@ -13,12 +13,25 @@ import (
 	"github.com/holopeer/holopeer/stage/optim"
 )
 
+// signedSpec signs s with a fresh researcher key and returns the signed
+// spec and the researcher's id.
+func signedSpec(t testing.TB, s Spec) ([]byte, string) {
+	key, _, _ := crypto.GenerateEd25519Key(nil)
+	id, _ := lpeer.IDFromPrivateKey(key)
+	b, err := SignSpec(&s, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, id.String()
+}
+
 func testPlan(t *testing.T) (*Plan, crypto.PrivKey) {
 	key, _, _ := crypto.GenerateEd25519Key(nil)
 	id, _ := lpeer.IDFromPrivateKey(key)
+	ss, r := signedSpec(t, testSpec(4))
 	return &Plan{
-		JobID: "j1", Epoch: 1, Term: 3, Coordinator: id.String(), Researcher: "R",
-		Spec: testSpec(4),
+		JobID: "j1", Epoch: 1, Term: 3, Coordinator: id.String(), Researcher: r,
+		Spec: testSpec(4), SignedSpec: ss,
 		Stages: []StagePlan{
 			{Index: 0, First: 0, Last: 2, Replicas: []string{"A"}},
 			{Index: 1, First: 2, Last: 4, Replicas: []string{"B", "C"}},
@@ -58,11 +71,11 @@ func TestSignOpenPlan(t *testing.T) {
 func TestNeighbours(t *testing.T) {
 	p, _ := testPlan(t)
 	s, prev, next, ok := p.Neighbours("A")
-	if !ok || s != 0 || prev[0] != "R" || len(next) != 2 {
+	if !ok || s != 0 || prev[0] != p.Researcher || len(next) != 2 {
 		t.Fatalf("A: %d %v %v %v", s, prev, next, ok)
 	}
 	s, prev, next, ok = p.Neighbours("C")
-	if !ok || s != 1 || prev[0] != "A" || next[0] != "R" {
+	if !ok || s != 1 || prev[0] != "A" || next[0] != p.Researcher {
 		t.Fatalf("C: %d %v %v %v", s, prev, next, ok)
 	}
 	if _, _, _, ok := p.Neighbours("Z"); ok {
@@ -88,7 +101,8 @@ func FuzzOpenPlan(f *testing.F) {
 	{
 		k, _, _ := crypto.GenerateEd25519Key(nil)
 		id, _ := lpeer.IDFromPrivateKey(k)
-		p = &Plan{JobID: "j1", Coordinator: id.String(), Researcher: "R", Spec: testSpec(1), Stages: []StagePlan{{Index: 0, First: 0, Last: 1, Replicas: []string{"A"}}}}
+		ss, r := signedSpec(f, testSpec(1))
+		p = &Plan{JobID: "j1", Coordinator: id.String(), Researcher: r, Spec: testSpec(1), SignedSpec: ss, Stages: []StagePlan{{Index: 0, First: 0, Last: 1, Replicas: []string{"A"}}}}
 		key = k
 	}
 	b, _ := SignPlan(p, key)

@@ -931,6 +931,9 @@ func (d *Driver) recover(ctx context.Context, lost string) error {
 	if err := d.rt.check(ctx, p); err != nil {
 		return err
 	}
+	if p.JobID != d.cfg.Spec.JobID || p.Researcher != d.self {
+		return fmt.Errorf("pipeline: re-plan for job %s with researcher %s is not ours", p.JobID, short(p.Researcher))
+	}
 	d.mu.Lock()
 	d.signed = signed
 	d.mu.Unlock()

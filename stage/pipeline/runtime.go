@@ -215,7 +215,20 @@ func (rt *Runtime) Assign(ctx context.Context, signed []byte, from peer.ID) erro
 	self := rt.host.ID().String()
 	rt.mu.Lock()
 	e := rt.byJob[p.JobID]
+	var cur *job.Plan
+	if e != nil {
+		cur = e.plan
+	}
 	rt.mu.Unlock()
+	// A newer plan may move stages and re-sign; it may not hand the job
+	// to another researcher (who would be sent its weights and optimizer
+	// state, and could restore poisoned ones), nor change its spec or the
+	// blocks this node holds.
+	if cur != nil && p.Epoch > cur.Epoch {
+		if err := job.SameJob(cur, p); err != nil {
+			return fmt.Errorf("%w: %v", ErrRefused, err)
+		}
+	}
 	if p.Spec.Kind == job.KindServe {
 		return rt.assignServe(ctx, p, e) // serve_worker.go
 	}
