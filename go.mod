@@ -8,6 +8,7 @@ require (
 	github.com/dlclark/regexp2/v2 v2.5.1
 	github.com/dustin/go-humanize v1.1.0
 	github.com/flynn/noise v1.1.0
+	github.com/gofrs/flock v0.13.2
 	github.com/google/go-sev-guest v0.15.0
 	github.com/google/go-tdx-guest v0.3.2-0.20250814004405-ffb0869e6f4d
 	github.com/google/uuid v1.6.0

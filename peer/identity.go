@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gofrs/flock"
 	"github.com/libp2p/go-libp2p/core/crypto"
-	"golang.org/x/sys/unix"
 )
 
 // IdentityFile is the name of the identity key inside a data directory.
@@ -143,40 +143,42 @@ func LoadOrCreateIdentity(dir string) (crypto.PrivKey, error) {
 	return key, err
 }
 
-// dirLock is an exclusive advisory lock on a data dir, released when the
-// process exits even if it crashes (flock is tied to the open file).
-type dirLock struct{ f *os.File }
+// dirLock is an exclusive lock on a data dir, released when the process
+// exits even if it crashes: flock(2) on Unix, LockFileEx on Windows, both
+// tied to the open file (github.com/gofrs/flock).
+type dirLock struct{ l *flock.Flock }
+
+// pidFile names the process holding a data dir's lock, for the error a
+// second one gets. A file of its own: on Windows the locked file cannot
+// be read by another process.
+const pidFile = "node.pid"
 
 // lockDataDir takes the data dir's lock or reports who holds it.
 func lockDataDir(dir string) (*dirLock, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	path := filepath.Join(dir, lockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	l := flock.New(filepath.Join(dir, lockFile), flock.SetPermissions(0o600))
+	ok, err := l.TryLock()
 	if err != nil {
 		return nil, fmt.Errorf("data dir lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		b := make([]byte, 32)
-		n, _ := f.Read(b)
-		f.Close()
-		holder := strings.TrimSpace(string(b[:n]))
+	if !ok {
+		b, _ := os.ReadFile(filepath.Join(dir, pidFile))
+		holder := strings.TrimSpace(string(b))
 		if _, perr := strconv.Atoi(holder); perr != nil {
 			holder = "unknown"
 		}
 		return nil, fmt.Errorf("%w: %s is locked by pid %s; stop that node or use another --data-dir", ErrDataDirLocked, dir, holder)
 	}
-	_ = f.Truncate(0)
-	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	return &dirLock{f: f}, nil
+	_ = os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+	return &dirLock{l: l}, nil
 }
 
 func (l *dirLock) release() {
-	if l == nil || l.f == nil {
+	if l == nil || l.l == nil {
 		return
 	}
-	_ = unix.Flock(int(l.f.Fd()), unix.LOCK_UN)
-	_ = l.f.Close()
-	l.f = nil
+	_ = l.l.Unlock()
+	l.l = nil
 }

@@ -31,6 +31,7 @@ type runFlags struct {
 	out    string
 	steps  int
 	asJSON bool
+	wait   time.Duration
 }
 
 func newRunCmd() *cobra.Command {
@@ -74,7 +75,7 @@ Outputs go to --out (default: the manifest's checkpoint.dir):
 			if out == "" {
 				out = m.Resolve(m.Checkpoint.Dir)
 			}
-			sum, err := runJob(cmd.Context(), n, m, runOptions{Out: out, Stdout: cmd.OutOrStdout(), Quiet: f.asJSON})
+			sum, err := runJob(cmd.Context(), n, m, runOptions{Out: out, Stdout: cmd.OutOrStdout(), Quiet: f.asJSON, Wait: f.wait})
 			if err != nil {
 				return err
 			}
@@ -91,6 +92,7 @@ Outputs go to --out (default: the manifest's checkpoint.dir):
 	fl.StringVar(&f.out, "out", "", "directory for the loss log, checkpoints and the final model (default: the manifest's checkpoint.dir)")
 	fl.IntVar(&f.steps, "steps", 0, "override train.steps")
 	fl.BoolVar(&f.asJSON, "json", false, "print only a JSON summary at the end")
+	fl.DurationVar(&f.wait, "timeout", defaultCoordinatorWait, "how long to wait for the swarm's coordinator before giving up (a cause found sooner, such as a wrong --swarm, ends the wait at once)")
 	return cmd
 }
 
@@ -99,6 +101,8 @@ type runOptions struct {
 	Out    string
 	Stdout io.Writer
 	Quiet  bool
+	// Wait bounds the wait for a coordinator (0: two minutes).
+	Wait time.Duration
 	// OnStep is called after each committed step (testnet kills a stage
 	// node from here).
 	OnStep func(p pipeline.Progress)
@@ -168,9 +172,11 @@ func runJob(ctx context.Context, n *node.Node, m *manifest.Manifest, o runOption
 	say("job %s: %s, %d blocks of d=%d (%s parameters) on %d stages × %d replicas, codec %s",
 		spec.JobID, m.Name, spec.Model.Layers, spec.Model.Dim, si(float64(spec.Model.ParamCount())), spec.Stages, spec.Replicas, spec.Codec)
 
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	c, err := n.WaitCoordinator(wctx)
-	cancel()
+	var progress io.Writer = Stderr
+	if o.Quiet {
+		progress = nil
+	}
+	c, err := awaitCoordinator(ctx, n, o.Wait, progress)
 	if err != nil {
 		return sum, err
 	}

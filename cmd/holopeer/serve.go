@@ -35,6 +35,7 @@ type serveFlags struct {
 	apiKey     string
 	corsOrigin []string
 	allowHost  []string
+	wait       time.Duration
 }
 
 func newServeCmd() *cobra.Command {
@@ -101,10 +102,11 @@ every request but GET /health needs "Authorization: Bearer KEY".`,
 				f.apiKey = os.Getenv("HOLOPEER_API_KEY")
 			}
 			return serveOnNode(cmd.Context(), n, m, serveOptions{HTTP: f.http, Stdout: cmd.OutOrStdout(), Logger: cfg.Logger,
-				APIKey: f.apiKey, CORSOrigins: f.corsOrigin, AllowedHosts: f.allowHost})
+				APIKey: f.apiKey, CORSOrigins: f.corsOrigin, AllowedHosts: f.allowHost, Wait: f.wait})
 		},
 	}
 	f.up.registerResearcher(cmd)
+	cmd.Flags().DurationVar(&f.wait, "timeout", defaultCoordinatorWait, "how long to wait for the swarm's coordinator before giving up (a cause found sooner, such as a wrong --swarm, ends the wait at once)")
 	cmd.Flags().StringVar(&f.http, "http", "127.0.0.1:8000", "HOST:PORT of the OpenAI-compatible API (loopback unless you mean otherwise)")
 	cmd.Flags().StringVar(&f.apiKey, "api-key", "", "require this key as 'Authorization: Bearer KEY' on the API (default $HOLOPEER_API_KEY; none: no key)")
 	cmd.Flags().StringSliceVar(&f.corsOrigin, "cors-origin", nil, "web origin (scheme://host[:port], or *) whose pages may call the API; repeat for more (default none)")
@@ -117,6 +119,8 @@ type serveOptions struct {
 	HTTP   string
 	Stdout io.Writer
 	Logger *slog.Logger
+	// Wait bounds the wait for a coordinator (0: two minutes).
+	Wait time.Duration
 	// Ready, if set, is called with the API's base URL once it answers
 	// (testnet prints a curl line; tests send requests).
 	Ready func(baseURL string)
@@ -142,9 +146,7 @@ func serveOnNode(ctx context.Context, n *node.Node, m *manifest.Manifest, o serv
 	fmt.Fprintf(o.Stdout, "serving %s: %d blocks of d=%d (%s parameters) on %d stages × %d replicas, codec %s\n",
 		sv.spec.Name, sv.spec.Model.Layers, sv.spec.Model.Dim, si(float64(sv.spec.Model.ParamCount())), sv.spec.Stages, sv.spec.Replicas, sv.spec.Codec)
 
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	c, err := n.WaitCoordinator(wctx)
-	cancel()
+	c, err := awaitCoordinator(ctx, n, o.Wait, Stderr)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	ma "github.com/multiformats/go-multiaddr"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -56,13 +57,36 @@ type upFlags struct {
 	flags *pflag.FlagSet // to tell defaults from given flags
 }
 
-func (f *upFlags) register(cmd *cobra.Command) {
+// upDefaults are the defaults that differ between `up` and the commands
+// that run a researcher's node.
+type upDefaults struct {
+	dataDir string
+	listen  []string
+	api     string
+}
+
+// nodeDefaults are up's: the well-known ports, the API on loopback.
+func nodeDefaults() upDefaults {
+	return upDefaults{
+		dataDir: defaultDataDir(),
+		listen:  []string{"/ip4/0.0.0.0/tcp/7600", "/ip4/0.0.0.0/udp/7600/quic-v1"},
+		api:     api.DefaultAddr,
+	}
+}
+
+func (f *upFlags) register(cmd *cobra.Command) { f.registerWith(cmd, nodeDefaults()) }
+
+// registerWith registers the flags with the given defaults. The defaults
+// go in at registration, never through Set: a Set marks a flag as given,
+// so --port-base would see a --listen nobody typed, and a --listen typed
+// would be appended to the default instead of replacing it.
+func (f *upFlags) registerWith(cmd *cobra.Command, d upDefaults) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "directory for the node's identity key and state")
+	fl.StringVar(&f.dataDir, "data-dir", d.dataDir, "directory for the node's identity key and state")
 	fl.StringVar(&f.swarm, "swarm", "holopeer", "name of the swarm to join")
-	fl.StringSliceVar(&f.listen, "listen", []string{"/ip4/0.0.0.0/tcp/7600", "/ip4/0.0.0.0/udp/7600/quic-v1"}, "multiaddrs to listen on (comma-separated)")
+	fl.StringSliceVar(&f.listen, "listen", d.listen, "multiaddrs to listen on (comma-separated)")
 	fl.StringSliceVar(&f.bootstrap, "bootstrap", nil, "multiaddrs (with /p2p/ID) of nodes to join through (comma-separated)")
-	fl.StringVar(&f.api, "api", api.DefaultAddr, "HOST:PORT of the local control API (loopback unless you mean otherwise; \"off\" disables it)")
+	fl.StringVar(&f.api, "api", d.api, "HOST:PORT of the local control API (loopback unless you mean otherwise; \"off\" disables it)")
 	fl.StringVar(&f.memory, "memory", "", "memory to lend to stages, e.g. 4GiB (default: half of this machine's)")
 	fl.StringVar(&f.hours, "hours", "always", "when this machine is on offer, e.g. always or 18:00-08:00")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -85,14 +109,16 @@ func (f *upFlags) register(cmd *cobra.Command) {
 // the same machine, with its own data dir, ephemeral ports and no control
 // API unless asked.
 func (f *upFlags) registerResearcher(cmd *cobra.Command) {
-	f.register(cmd)
-	fl := cmd.Flags()
-	fl.Lookup("data-dir").DefValue = filepath.Join(defaultDataDir(), "researcher")
-	_ = fl.Set("data-dir", filepath.Join(defaultDataDir(), "researcher"))
-	_ = fl.Set("listen", "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1")
-	fl.Lookup("listen").DefValue = "/ip4/0.0.0.0/tcp/0,/ip4/0.0.0.0/udp/0/quic-v1"
-	_ = fl.Set("api", "off")
-	fl.Lookup("api").DefValue = "off"
+	f.registerWith(cmd, researcherDefaults())
+}
+
+// researcherDefaults: a data dir of its own, ephemeral ports, no API.
+func researcherDefaults() upDefaults {
+	return upDefaults{
+		dataDir: filepath.Join(defaultDataDir(), "researcher"),
+		listen:  []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"},
+		api:     "off",
+	}
 }
 
 // natOptions turns the NAT flags into host options.
@@ -149,6 +175,28 @@ const nodeGCPercent = 10
 // gossip and the APIs.
 const nodeOverhead = 256 << 20
 
+// addrs are the listen addresses and the API address the flags choose:
+// --listen and --api replace the defaults, --port-base replaces both
+// defaults but not an --api given beside it.
+func (f *upFlags) addrs() (listen []ma.Multiaddr, apiAddr string, err error) {
+	if listen, err = hpeer.ParseListen(f.listen); err != nil {
+		return nil, "", err
+	}
+	apiAddr = f.api
+	if f.portBase != 0 {
+		if f.changed("listen") {
+			return nil, "", fmt.Errorf("--port-base and --listen both choose listen addresses; give one of them")
+		}
+		if listen, err = hpeer.PortBaseListen(f.portBase); err != nil {
+			return nil, "", fmt.Errorf("--port-base: %w", err)
+		}
+		if !f.changed("api") {
+			apiAddr = fmt.Sprintf("127.0.0.1:%d", f.portBase+1)
+		}
+	}
+	return listen, apiAddr, nil
+}
+
 // config turns the flags into a node config, with one clear error per bad
 // flag.
 func (f *upFlags) config() (node.Config, error) {
@@ -156,21 +204,9 @@ func (f *upFlags) config() (node.Config, error) {
 	if err != nil {
 		return node.Config{}, err
 	}
-	listen, err := hpeer.ParseListen(f.listen)
+	listen, apiAddr, err := f.addrs()
 	if err != nil {
 		return node.Config{}, err
-	}
-	apiAddr := f.api
-	if f.portBase != 0 {
-		if f.changed("listen") {
-			return node.Config{}, fmt.Errorf("--port-base and --listen both choose listen addresses; give one of them")
-		}
-		if listen, err = hpeer.PortBaseListen(f.portBase); err != nil {
-			return node.Config{}, fmt.Errorf("--port-base: %w", err)
-		}
-		if !f.changed("api") {
-			apiAddr = fmt.Sprintf("127.0.0.1:%d", f.portBase+1)
-		}
 	}
 	natOpts, err := f.natOptions()
 	if err != nil {

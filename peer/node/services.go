@@ -176,7 +176,10 @@ func (n *Node) WaitCoordinator(ctx context.Context) (*gossip.CoordinatorInfo, er
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("no coordinator elected yet (is a node with --tee sim|snp|tdx in the swarm?): %w", ctx.Err())
+			if why := n.Diagnose(); why != nil {
+				return nil, fmt.Errorf("no coordinator: %w (%w)", why, ctx.Err())
+			}
+			return nil, fmt.Errorf("no coordinator elected yet (%s): %w", n.CoordinatorProgress(), ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
